@@ -1,0 +1,94 @@
+"""The aiohttp application: routes, middlewares, and Redis lifecycle."""
+
+from __future__ import annotations
+
+import logging
+from typing import Awaitable, Callable
+
+import redis.asyncio as aioredis
+import redis.exceptions
+from aiohttp import web
+
+from . import durability, handlers
+from .config import Settings
+from .context import GATEWAY, Gateway
+from .errors import ProtocolError
+from .fanout import Fanout
+from .responses import SECURITY
+from .store import Store
+
+log = logging.getLogger(__name__)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def protocol_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """ProtocolError → its status; Redis unreachable → 503; never a bare 500 page."""
+    try:
+        return await handler(request)
+    except ProtocolError as exc:
+        return web.Response(status=exc.status, text=exc.message + "\n", headers=exc.headers)
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, redis.exceptions.BusyLoadingError) as exc:
+        log.warning("redis unavailable: %s", exc)
+        return web.Response(status=503, text="storage unavailable, retry\n", headers={"Retry-After": "1"})
+
+
+async def _security_headers(request: web.Request, response: web.StreamResponse) -> None:
+    for name, value in SECURITY.items():
+        response.headers.setdefault(name, value)
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.Response(text="ok\n")
+
+
+async def readyz(request: web.Request) -> web.Response:
+    gw = request.app[GATEWAY]
+    try:
+        await gw.store.redis.ping()
+        loaded = await gw.store.redis.script_exists(*gw.store.scripts.shas())
+    except Exception as exc:
+        return web.Response(status=503, text=f"redis not ready: {exc}\n")
+    if not all(loaded):
+        await gw.store.scripts.load()
+    return web.Response(text="ready\n")
+
+
+def create_app(settings: Settings, redis_url: str) -> web.Application:
+    """The gateway app for one process; it connects to ``redis_url`` on startup."""
+    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[protocol_errors])
+    app.on_response_prepare.append(_security_headers)
+
+    async def startup(app: web.Application) -> None:
+        client = aioredis.Redis.from_url(redis_url, decode_responses=False, health_check_interval=30)
+        pubsub_client = aioredis.Redis.from_url(redis_url, decode_responses=False)
+        store = Store(client, settings.max_chunk_bytes)
+        await client.ping()
+        await durability.check(client, require=settings.require_durable)
+        await store.scripts.load()
+        fanout = Fanout(pubsub_client)
+        await fanout.start()
+        app[GATEWAY] = Gateway(settings=settings, store=store, fanout=fanout)
+
+    async def shutdown(app: web.Application) -> None:
+        app[GATEWAY].fanout.stop_waiters()  # live responses end cleanly, in-flight writes finish
+
+    async def cleanup(app: web.Application) -> None:
+        gw = app[GATEWAY]
+        await gw.fanout.close()
+        await gw.store.redis.aclose()
+
+    app.on_startup.append(startup)
+    app.on_shutdown.append(shutdown)
+    app.on_cleanup.append(cleanup)
+
+    route = settings.prefix.rstrip("/") + "/{path:.*}"
+    app.router.add_put(route, handlers.put_stream)
+    app.router.add_post(route, handlers.post_stream)
+    app.router.add_delete(route, handlers.delete_stream)
+    app.router.add_head(route, handlers.head_stream)
+    app.router.add_get(route, handlers.get_stream, allow_head=False)
+    app.router.add_route("OPTIONS", route, handlers.options_stream)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    return app

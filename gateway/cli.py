@@ -1,0 +1,85 @@
+"""The ``durable-streams`` command."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+
+from aiohttp import web
+
+from . import __version__, config
+from .app import create_app
+from .embedded import EmbeddedRedis
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="durable-streams",
+        description="A Redis-backed, horizontally scaled Durable Streams server.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    serve = commands.add_parser(
+        "serve",
+        help="run the HTTP gateway",
+        description="Serve the Durable Streams protocol over HTTP, with all state in Redis. "
+        "Without --redis-url an embedded redis-server is started in --data-dir and stopped on exit.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    config.add_arguments(serve)
+    return parser
+
+
+def _install_uvloop() -> None:
+    try:
+        import uvloop
+    except ImportError:
+        return
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+def serve(settings: config.Settings) -> None:
+    log = logging.getLogger("durable_streams")
+    embedded = None
+    redis_url = settings.redis_url
+    if not redis_url:
+        embedded = EmbeddedRedis(settings.data_dir)
+        embedded.start()
+        redis_url = embedded.url
+        log.info("embedded redis-server (%s) in %s", embedded.binary, embedded.data_dir)
+    try:
+        _install_uvloop()
+        app = create_app(settings, redis_url)
+        web.run_app(
+            app,
+            host=settings.host,
+            port=settings.port,
+            print=lambda *_: log.info(
+                "serving on http://%s:%s%s/", settings.host, settings.port, settings.prefix.rstrip("/")
+            ),
+            access_log=None,
+        )
+    finally:
+        if embedded is not None:
+            embedded.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    settings = config.from_namespace(args)
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if args.command == "serve":
+        try:
+            serve(settings)
+        except RuntimeError as exc:
+            print(f"durable-streams: {exc}", file=sys.stderr)
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""Settings: one definition per setting, read from flags or environment.
+
+Every flag ``--some-name`` is also ``DURABLE_STREAMS_SOME_NAME`` in the
+environment (flags win), so the same settings serve a laptop and a container.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, fields
+
+ENV_PREFIX = "DURABLE_STREAMS_"
+
+
+@dataclass(frozen=True)
+class Settings:
+    host: str = "127.0.0.1"
+    port: int = 4437
+    redis_url: str | None = None
+    data_dir: str = "./data"
+    prefix: str = "/v1/stream"
+    max_body_bytes: int = 64 * 1024 * 1024
+    max_chunk_bytes: int = 1024 * 1024
+    max_path_bytes: int = 1024
+    long_poll_timeout: float = 20.0
+    sse_cycle_seconds: float = 60.0
+    sse_heartbeat_seconds: float = 15.0
+    require_durable: bool = False
+    log_level: str = "info"
+
+
+HELP = {
+    "host": "address to listen on",
+    "port": "port to listen on (4437 is the protocol's)",
+    "redis_url": "Redis to use, e.g. redis://host:6379/0; unset: start an embedded "
+    "redis-server in --data-dir (AOF, fsync on every write)",
+    "data_dir": "where the embedded Redis keeps its data",
+    "prefix": "URL prefix streams live under",
+    "max_body_bytes": "largest request body accepted; larger ones get 413",
+    "max_chunk_bytes": "most bytes one read response returns (clients continue from Stream-Next-Offset)",
+    "max_path_bytes": "longest stream path accepted",
+    "long_poll_timeout": "seconds a long-poll waits for data before answering 204",
+    "sse_cycle_seconds": "seconds after which an SSE response ends so clients reconnect (CDN collapsing)",
+    "sse_heartbeat_seconds": "seconds between SSE comment lines on an idle connection",
+    "require_durable": "refuse to start when the Redis could lose acknowledged writes "
+    "(appendonly off, or appendfsync not 'always')",
+    "log_level": "debug, info, warning or error",
+}
+
+
+def env_name(field_name: str) -> str:
+    return ENV_PREFIX + field_name.upper()
+
+
+def _env_default(name: str, kind: type, default: object) -> object:
+    raw = os.environ.get(env_name(name))
+    if raw is None:
+        if name == "redis_url":
+            return os.environ.get("REDIS_URL") or default
+        return default
+    if kind is bool:
+        return raw.strip().lower() in ("1", "true", "yes", "on")
+    return kind(raw)
+
+
+def add_arguments(parser: argparse.ArgumentParser, names: list[str] | None = None) -> None:
+    """Add ``--flag`` options (defaulting to the environment) for the settings named."""
+    kinds = {"int": int, "float": float, "bool": bool, "str": str, "str | None": str}
+    for f in fields(Settings):
+        if names is not None and f.name not in names:
+            continue
+        kind = kinds[str(f.type)]
+        flag = "--" + f.name.replace("_", "-")
+        default = _env_default(f.name, kind, f.default)
+        help_text = f"{HELP[f.name]} [env {env_name(f.name)}; default: %(default)s]"
+        if kind is bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_text)
+        else:
+            parser.add_argument(flag, type=kind, default=default, help=help_text)
+
+
+def from_namespace(ns: argparse.Namespace) -> Settings:
+    values = {f.name: getattr(ns, f.name) for f in fields(Settings) if hasattr(ns, f.name)}
+    return Settings(**values)

@@ -1,0 +1,25 @@
+"""What every handler needs, stored once on the aiohttp app."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from .config import Settings
+from .fanout import Fanout
+from .store import Store
+
+
+@dataclass
+class Gateway:
+    settings: Settings
+    store: Store
+    fanout: Fanout
+
+
+GATEWAY = web.AppKey("gateway", Gateway)
+
+
+def gateway_of(request: web.Request) -> Gateway:
+    return request.app[GATEWAY]

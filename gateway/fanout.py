@@ -1,0 +1,179 @@
+"""Live-read wake-ups: one pub/sub connection per process, one subscription
+per stream shared by all of this process's waiting readers.
+
+Append and close scripts PUBLISH on the stream's channel. A reader registers
+(``watch``) *before* it re-reads the stream, and the subscription is confirmed
+by Redis before ``watch`` returns, so an append can never fall between the
+reader's last look and its wait. When the connection drops, redis-py (or our
+loop) reconnects and resubscribes; every subscribe confirmation wakes that
+channel's readers to re-read, covering whatever was published meanwhile.
+Subscriptions linger a while after their last reader leaves, so a long-poll
+client that comes straight back finds its stream still subscribed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from typing import AsyncIterator
+
+from redis.asyncio import Redis
+
+from . import keys
+
+log = logging.getLogger(__name__)
+_CONFIRM_WAIT_SECONDS = 5.0
+
+
+@dataclass
+class _Channel:
+    confirmed: asyncio.Future[None]
+    waiters: set[asyncio.Event] = field(default_factory=set)
+    idle_since: float | None = None
+
+
+class Watch:
+    """A reader's registration: ``wait`` returns True when the stream moved."""
+
+    def __init__(self, fanout: Fanout, event: asyncio.Event) -> None:
+        self._fanout = fanout
+        self._event = event
+
+    @property
+    def stopping(self) -> bool:
+        return self._fanout.stopping
+
+    async def wait(self, timeout: float) -> bool:
+        if self._fanout.stopping:
+            return False
+        try:
+            await asyncio.wait_for(self._event.wait(), timeout)
+        except asyncio.TimeoutError:
+            return False
+        self._event.clear()
+        return not self._fanout.stopping
+
+
+class Fanout:
+    def __init__(self, redis: Redis, linger_seconds: float = 30.0) -> None:
+        self._redis = redis
+        self._linger = linger_seconds
+        self._channels: dict[str, _Channel] = {}
+        self._pubsub = None
+        self._wake_loop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.stopping = False
+
+    @property
+    def subscriptions(self) -> int:
+        return len(self._channels)
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="fanout")
+
+    def stop_waiters(self) -> None:
+        """Graceful shutdown: every live reader wakes and finishes its response."""
+        self.stopping = True
+        for channel in self._channels.values():
+            for event in channel.waiters:
+                event.set()
+
+    async def close(self) -> None:
+        """Stop the listener and close the pub/sub client (the fan-out owns it)."""
+        self.stop_waiters()
+        if self._task:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self._redis.aclose()
+
+    @contextlib.asynccontextmanager
+    async def watch(self, sid: str) -> AsyncIterator[Watch]:
+        name = keys.notify_channel(sid)
+        channel = self._channels.get(name)
+        if channel is None:
+            channel = _Channel(asyncio.get_running_loop().create_future())
+            self._channels[name] = channel
+            await self._subscribe(name)
+        event = asyncio.Event()
+        channel.waiters.add(event)
+        channel.idle_since = None
+        try:
+            with contextlib.suppress(asyncio.TimeoutError):
+                # Without Redis we cannot be woken; the reader's own timeout still ends its wait.
+                await asyncio.wait_for(asyncio.shield(channel.confirmed), _CONFIRM_WAIT_SECONDS)
+            yield Watch(self, event)
+        finally:
+            channel.waiters.discard(event)
+            if not channel.waiters:
+                channel.idle_since = asyncio.get_running_loop().time()
+
+    async def _subscribe(self, name: str) -> None:
+        self._wake_loop.set()
+        if self._pubsub is None:
+            return  # the loop subscribes every channel when it (re)connects
+        try:
+            await self._pubsub.subscribe(name)
+        except Exception as exc:  # the loop notices the broken connection too
+            log.warning("subscribe %s failed: %s", name, exc)
+
+    def _dispatch(self, message: dict) -> None:
+        name = message["channel"]
+        name = name.decode() if isinstance(name, bytes) else name
+        channel = self._channels.get(name)
+        if channel is None:
+            return
+        if message["type"] == "subscribe" and not channel.confirmed.done():
+            channel.confirmed.set_result(None)
+        if message["type"] in ("message", "subscribe"):
+            for event in channel.waiters:
+                event.set()
+
+    async def _drop_idle(self, pubsub) -> None:
+        now = asyncio.get_running_loop().time()
+        idle = [
+            name
+            for name, ch in self._channels.items()
+            if not ch.waiters and ch.idle_since is not None and now - ch.idle_since >= self._linger
+        ]
+        for name in idle:
+            del self._channels[name]
+        if idle:
+            await pubsub.unsubscribe(*idle)
+
+    async def _run(self) -> None:
+        backoff = 0.1
+        while True:
+            pubsub = self._redis.pubsub()
+            try:
+                if self._channels:
+                    await pubsub.subscribe(*self._channels)
+                self._pubsub = pubsub
+                backoff = 0.1
+                while True:
+                    await self._drop_idle(pubsub)
+                    if not pubsub.subscribed:
+                        self._wake_loop.clear()
+                        with contextlib.suppress(asyncio.TimeoutError):
+                            await asyncio.wait_for(self._wake_loop.wait(), 1.0)
+                        continue
+                    message = await pubsub.get_message(timeout=1.0)
+                    if message is not None:
+                        self._dispatch(message)
+            except asyncio.CancelledError:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()
+                raise
+            except Exception as exc:
+                log.warning("pub/sub connection lost (%s); reconnecting in %.1fs", exc, backoff)
+                self._pubsub = None
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()
+                # Every channel must be confirmed again; readers wake on that confirmation.
+                for channel in self._channels.values():
+                    if channel.confirmed.done():
+                        channel.confirmed = asyncio.get_running_loop().create_future()
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)

@@ -1,0 +1,169 @@
+"""HTTP handlers: parse the request, make one store call, shape the response."""
+
+from __future__ import annotations
+
+from urllib.parse import unquote
+
+from aiohttp import web
+
+from . import caching, cursor, keys, live, offsets, responses
+from .context import gateway_of
+from .errors import ProtocolError, bad_request
+from .headers import (
+    STREAM_CLOSED,
+    STREAM_FORK_OFFSET,
+    STREAM_FORK_SUB_OFFSET,
+    STREAM_FORKED_FROM,
+    is_true,
+    normalize_content_type,
+    parse_decimal,
+    parse_expiry,
+    parse_producer,
+    parse_stream_seq,
+    validate_content_type,
+)
+from .jsonmode import body_entries
+from .store import CreateSpec
+
+_RESERVED = "__ds"  # the protocol's control namespace (subscriptions): not served
+
+
+def stream_name(path: str, max_length: int) -> str:
+    """Validate a stream path (the URL part after the prefix)."""
+    if not path or path.strip("/") == "":
+        raise ProtocolError(404, "no stream named")
+    if len(path.encode()) > max_length:
+        raise bad_request(f"stream path longer than {max_length} bytes")
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in path):
+        raise bad_request("stream path contains control characters")
+    if path.split("/", 1)[0] == _RESERVED:
+        raise ProtocolError(404, "reserved path")
+    return path
+
+
+def _sid(request: web.Request) -> str:
+    settings = gateway_of(request).settings
+    return keys.stream_id(stream_name(request.match_info["path"], settings.max_path_bytes))
+
+
+def _source_sid(request: web.Request, value: str) -> str:
+    """Stream-Forked-From: a stream path on this server, with or without the prefix."""
+    settings = gateway_of(request).settings
+    path = unquote(value.strip())
+    prefix = settings.prefix.rstrip("/") + "/"
+    if path.startswith(prefix):
+        path = path[len(prefix) :]
+    elif path.startswith("/"):
+        raise ProtocolError(404, "fork source is not a stream on this server")
+    return keys.stream_id(stream_name(path, settings.max_path_bytes))
+
+
+async def _body(request: web.Request) -> bytes:
+    return await request.read()  # aiohttp answers 413 past client_max_size
+
+
+async def put_stream(request: web.Request) -> web.Response:
+    gw = gateway_of(request)
+    sid = _sid(request)
+    h = request.headers
+    expiry = parse_expiry(h)
+    fork_from, fork_offset, sub = (h.get(n) for n in (STREAM_FORKED_FROM, STREAM_FORK_OFFSET, STREAM_FORK_SUB_OFFSET))
+    if fork_from is None and (fork_offset is not None or sub is not None):
+        raise bad_request("Stream-Fork-Offset and Stream-Fork-Sub-Offset need Stream-Forked-From")
+    sub_offset = 0 if sub is None else parse_decimal(sub.strip(), STREAM_FORK_SUB_OFFSET)
+    if sub_offset and fork_offset is None:
+        raise bad_request("Stream-Fork-Sub-Offset needs Stream-Fork-Offset")
+    if fork_offset is not None:
+        fork_offset = fork_offset.strip()
+        offsets.decode(fork_offset)
+    raw_type = h.get("Content-Type")
+    content_type = raw_type.strip() if raw_type and raw_type.strip() else None
+    if content_type is not None:
+        validate_content_type(content_type)
+    body = await _body(request)
+    source = None if fork_from is None else _source_sid(request, fork_from)
+    if source == sid:
+        raise bad_request("a stream cannot fork itself")
+    if source is None or content_type is not None:
+        media = normalize_content_type(content_type) or "application/octet-stream"
+        entries = body_entries(media, body, create=True)
+    else:  # the body's framing follows the content type the fork inherits
+        media = (await gw.store.head(source)).media_type
+        entries = body_entries(media, body, create=True)
+    spec = CreateSpec(
+        content_type=content_type,
+        expiry=expiry,
+        closed=is_true(h.get(STREAM_CLOSED)),
+        entries=tuple(entries),
+        fork_from=source,
+        fork_offset=fork_offset,
+        fork_sub_offset=sub_offset,
+    )
+    created, meta = await gw.store.create(sid, spec)
+    headers = responses.stream_state(meta)
+    if created:
+        headers["Location"] = str(request.url.with_query(None))
+    return web.Response(status=201 if created else 200, headers=headers)
+
+
+async def post_stream(request: web.Request) -> web.Response:
+    gw = gateway_of(request)
+    sid = _sid(request)
+    h = request.headers
+    close = is_true(h.get(STREAM_CLOSED))
+    producer = parse_producer(h)
+    stream_seq = parse_stream_seq(h)
+    body = await _body(request)
+    entries: list[bytes] = []
+    media = ""
+    if body:
+        raw_type = h.get("Content-Type")
+        if not raw_type or not raw_type.strip():
+            raise bad_request("Content-Type is required with a body")
+        media = validate_content_type(raw_type)
+        entries = body_entries(media, body, create=False)
+    elif not close:
+        raise bad_request("empty body: send data, or Stream-Closed: true to close")
+    result = await gw.store.append(
+        sid, media, entries, close=close, stream_seq=stream_seq, producer=producer
+    )
+    status = 200 if producer is not None and result.status == "ok" else 204
+    return web.Response(status=status, headers=responses.append_result(result))
+
+
+async def delete_stream(request: web.Request) -> web.Response:
+    await gateway_of(request).store.delete(_sid(request))
+    return web.Response(status=204)
+
+
+async def head_stream(request: web.Request) -> web.Response:
+    meta = await gateway_of(request).store.head(_sid(request))
+    headers = responses.stream_state(meta)
+    headers["Cache-Control"] = caching.NO_STORE
+    return web.Response(status=200, headers=headers)
+
+
+async def get_stream(request: web.Request) -> web.StreamResponse:
+    gw = gateway_of(request)
+    sid = _sid(request)
+    query = request.query
+    start = offsets.parse_read_offset(query.getall("offset", []))
+    mode = query.get("live")
+    client_cursor = query.get("cursor")
+    if mode == "sse":
+        return await live.sse(request, gw, sid, start, cursor.response_cursor(client_cursor))
+    if mode == "long-poll":
+        if "offset" not in query:
+            raise bad_request("long-poll needs an offset")
+        return await live.long_poll(request, gw, sid, start, cursor.response_cursor(client_cursor))
+    if mode is not None:
+        raise bad_request("live must be long-poll or sse")
+    chunk = await gw.store.read(sid, start)
+    headers = responses.read_chunk(chunk, cursor=None, at_now=start is None)
+    if "ETag" in headers and caching.matches(request.headers.get("If-None-Match"), headers["ETag"]):
+        return web.Response(status=304, headers={"ETag": headers["ETag"], "Cache-Control": headers["Cache-Control"]})
+    return web.Response(status=200, body=chunk.body(), headers=headers)
+
+
+async def options_stream(request: web.Request) -> web.Response:
+    return web.Response(status=204, headers=responses.PREFLIGHT)

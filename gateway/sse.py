@@ -1,0 +1,46 @@
+"""Server-Sent Events framing for live reads (protocol section 5.8)."""
+
+from __future__ import annotations
+
+import base64
+import re
+
+import orjson
+
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+
+
+def data_event(payload: bytes, *, text: bool) -> bytes:
+    """An ``event: data`` frame; binary payloads are base64 text.
+
+    Every line of the payload gets its own ``data:`` line, so a CR or LF in
+    stream data can never end the event early or inject a fake one. The
+    space after ``data:`` is the one SSE parsers strip, so payload lines that
+    start with a space keep it.
+    """
+    body = payload.decode("utf-8", "replace") if text else base64.b64encode(payload).decode()
+    lines = "".join(f"data: {line}\n" for line in _LINE_BREAK.split(body))
+    return f"event: data\n{lines}\n".encode()
+
+
+def control_event(
+    next_offset: str,
+    *,
+    cursor: str | None,
+    up_to_date: bool,
+    closed: bool,
+) -> bytes:
+    """An ``event: control`` frame telling the client where it is."""
+    fields: dict[str, object] = {"streamNextOffset": next_offset}
+    if cursor is not None and not closed:
+        fields["streamCursor"] = cursor
+    if up_to_date or closed:
+        fields["upToDate"] = True
+    if closed:
+        fields["streamClosed"] = True
+    return b"event: control\ndata: " + orjson.dumps(fields) + b"\n\n"
+
+
+def comment(text: str = "") -> bytes:
+    """A comment line: keeps idle connections open through proxies."""
+    return f": {text}\n\n".encode()

@@ -1,0 +1,405 @@
+"""Stream storage on Redis: each operation is one script call on one stream.
+
+The only operations that touch two streams are fork creation, fork deletion
+and reads of a fork's inherited range. Each is a sequence of single-stream
+steps, so everything runs unchanged on Redis Cluster; the comments at each
+step say why an interruption between steps is harmless.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from redis.asyncio import Redis
+
+from . import keys, offsets
+from .errors import ProtocolError, bad_request
+from .headers import (
+    DEFAULT_CONTENT_TYPE,
+    PRODUCER_EPOCH,
+    PRODUCER_EXPECTED_SEQ,
+    PRODUCER_RECEIVED_SEQ,
+    STREAM_CLOSED,
+    STREAM_NEXT_OFFSET,
+    Expiry,
+    Producer,
+    normalize_content_type,
+    parse_expires_at,
+)
+from .jsonmode import to_array
+from .scripts import Scripts
+
+_UNLIMITED = 2**50
+Segment = tuple[str, int, int]  # (stream id, from position, to position), to exclusive
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _pairs(flat: list[Any]) -> list[tuple[int, bytes]]:
+    return [(int(flat[i]), flat[i + 1]) for i in range(0, len(flat), 2)]
+
+
+@dataclass(frozen=True)
+class Meta:
+    """What a stream's meta hash says, typed."""
+
+    sid: str
+    content_type: str
+    media_type: str  # normalized, for comparisons
+    base: int  # where the stream's own log starts (a fork's fork point, else 0)
+    tail: int
+    closed: bool
+    created: str
+    ttl: int | None
+    expires_at: str | None
+    source: str | None
+    chain: tuple[Segment, ...]  # inherited ranges, oldest ancestor first
+
+    @classmethod
+    def parse(cls, sid: str, flat: list[Any]) -> Meta:
+        m = {_text(flat[i]): _text(flat[i + 1]) for i in range(0, len(flat), 2)}
+        return cls(
+            sid=sid,
+            content_type=m["ct"],
+            media_type=m["ctn"],
+            base=int(m["base"]),
+            tail=int(m["tail"]),
+            closed=m.get("closed") == "1",
+            created=m["created"],
+            ttl=int(m["ttl"]) if "ttl" in m else None,
+            expires_at=m.get("expires"),
+            source=m.get("src"),
+            chain=tuple(tuple(s) for s in json.loads(m.get("chain") or "[]")),
+        )
+
+    @property
+    def is_json(self) -> bool:
+        return self.media_type == "application/json"
+
+
+@dataclass
+class Chunk:
+    """One read: data from ``start`` and the stream's state at that moment."""
+
+    meta: Meta
+    start: int
+    entries: list[tuple[int, bytes]] = field(default_factory=list)
+
+    @property
+    def end(self) -> int:
+        if not self.entries:
+            return self.start
+        pos, data = self.entries[-1]
+        return pos + len(data)
+
+    @property
+    def up_to_date(self) -> bool:
+        return self.end >= self.meta.tail
+
+    @property
+    def eof(self) -> bool:
+        return self.meta.closed and self.up_to_date
+
+    def body(self) -> bytes:
+        datas = [data for _, data in self.entries]
+        return to_array(datas) if self.meta.is_json else b"".join(datas)
+
+
+@dataclass(frozen=True)
+class CreateSpec:
+    """A validated PUT."""
+
+    content_type: str | None  # None: not given (a fork inherits its source's)
+    expiry: Expiry = Expiry()
+    closed: bool = False
+    entries: tuple[bytes, ...] = ()
+    fork_from: str | None = None  # source stream id
+    fork_offset: str | None = None  # as given
+    fork_sub_offset: int = 0
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    status: str  # ok | dup
+    tail: int
+    closed: bool
+    producer_epoch: int | None = None
+    producer_seq: int | None = None
+
+
+def _not_found(status: str) -> ProtocolError:
+    if status == "gone":
+        return ProtocolError(410, "stream was deleted")
+    return ProtocolError(404, "stream not found")
+
+
+class Store:
+    def __init__(self, redis: Redis, max_chunk_bytes: int) -> None:
+        self.redis = redis
+        self.scripts = Scripts(redis)
+        self.max_chunk_bytes = max_chunk_bytes
+
+    async def _call(self, name: str, sid: str, *args: Any) -> Any:
+        return await self.scripts.call(name, keys.stream_keys(sid), list(args))
+
+    # -- create -------------------------------------------------------------
+
+    async def create(self, sid: str, spec: CreateSpec) -> tuple[bool, Meta]:
+        """PUT: (created, meta). 409 for an existing stream configured otherwise."""
+        if spec.fork_from is not None:
+            return await self._create_fork(sid, spec)
+        content_type = spec.content_type or DEFAULT_CONTENT_TYPE
+        return await self._create(
+            sid, spec, content_type, normalize_content_type(content_type), spec.expiry, fork=None
+        )
+
+    async def _create(
+        self,
+        sid: str,
+        spec: CreateSpec,
+        content_type: str,
+        media_type: str,
+        expiry: Expiry,
+        fork: tuple[str, str, str, int, list[Segment]] | None,
+    ) -> tuple[bool, Meta]:
+        src, given_offset, fork_offset, base, chain = fork or ("", "", "", 0, [])
+        result = await self._call(
+            "create",
+            sid,
+            content_type,
+            media_type,
+            "" if expiry.ttl_seconds is None else expiry.ttl_seconds,
+            "" if expiry.expires_at_ms is None else expiry.expires_at_ms,
+            expiry.expires_at or "",
+            "1" if spec.closed else "0",
+            src,
+            given_offset,
+            fork_offset,
+            spec.fork_sub_offset,
+            base,
+            json.dumps(chain),
+            *spec.entries,
+        )
+        status = _text(result[0])
+        if status == "conflict":
+            raise ProtocolError(409, "stream exists with a different configuration")
+        return status == "created", Meta.parse(sid, result[1])
+
+    async def _create_fork(self, sid: str, spec: CreateSpec) -> tuple[bool, Meta]:
+        src = spec.fork_from
+        assert src is not None
+        # Step 1: pin the source. The fork is recorded in a set, so a retry
+        # counts once; if we stop before step 2 the extra reference only
+        # delays the source's collection (see release_unless_forked).
+        result = await self._call("fork_ref", src, sid)
+        status = _text(result[0])
+        if status == "missing":
+            raise ProtocolError(404, "fork source stream not found")
+        if status == "gone":
+            raise ProtocolError(409, "fork source stream was deleted")
+        source = Meta.parse(src, result[1])
+        try:
+            return await self._create_fork_of(sid, spec, source)
+        except ProtocolError:
+            await self._release_unless_forked(sid, src)
+            raise
+
+    async def _create_fork_of(self, sid: str, spec: CreateSpec, source: Meta) -> tuple[bool, Meta]:
+        if spec.content_type is not None and normalize_content_type(spec.content_type) != source.media_type:
+            raise ProtocolError(409, "fork content type differs from its source's")
+        anchor = source.tail if spec.fork_offset is None else offsets.decode(spec.fork_offset)
+        if anchor > source.tail:
+            raise bad_request("Stream-Fork-Offset is beyond the source stream's tail")
+        point = anchor
+        if spec.fork_sub_offset:
+            point = await self._resolve_sub_offset(source, anchor, spec.fork_sub_offset)
+        # The fork reads [0, point) from its ancestors: the source's own chain
+        # cut at the fork point, then the source's own log up to it.
+        own: Segment = (source.sid, source.base, point)
+        chain = [(s, lo, min(hi, point)) for s, lo, hi in (*source.chain, own) if lo < min(hi, point)]
+        expiry = spec.expiry
+        if expiry == Expiry():  # nothing asked: inherit the source's lifetime
+            expiry = Expiry(
+                ttl_seconds=source.ttl,
+                expires_at=source.expires_at,
+                expires_at_ms=None if source.expires_at is None else parse_expires_at(source.expires_at),
+            )
+        fork = (
+            source.sid,
+            "" if spec.fork_offset is None else offsets.encode(anchor),
+            offsets.encode(anchor),
+            point,
+            chain,
+        )
+        created, meta = await self._create(sid, spec, source.content_type, source.media_type, expiry, fork)
+        return created, meta
+
+    async def _resolve_sub_offset(self, source: Meta, anchor: int, sub: int) -> int:
+        """The fork point ``sub`` bytes (or JSON messages) past ``anchor``.
+
+        Bytes may not run past the end of the append that holds the anchor;
+        JSON messages may not run past the source's tail.
+        """
+        segments = (*source.chain, (source.sid, source.base, source.tail))
+        if source.is_json:
+            entries = await self._read_segments(segments, anchor, _UNLIMITED, True, sub)
+            if len(entries) < sub or entries[0][0] != anchor:
+                raise bad_request("Stream-Fork-Sub-Offset overshoots the source's messages")
+            pos, data = entries[-1]
+            return pos + len(data)
+        entries = await self._read_segments(segments, anchor, sub, False, 1)
+        if not entries or len(entries[0][1]) < sub:
+            raise bad_request("Stream-Fork-Sub-Offset overshoots the data at the fork offset")
+        return anchor + sub
+
+    async def _release_unless_forked(self, sid: str, src: str) -> None:
+        """Drop a reference taken for a fork that did not come to be."""
+        owner = await self.redis.hget(keys.stream_keys(sid)[0], "src")
+        if owner is None or _text(owner) != src:
+            await self._release(sid, src)
+
+    async def _release(self, child: str, src: str) -> None:
+        """Release ``child``'s hold on ``src``, collecting up the chain."""
+        while src:
+            result = await self._call("release_fork", src, child)
+            if _text(result[0]) != "collected":
+                return
+            child, src = src, _text(result[1])
+
+    # -- append, delete -----------------------------------------------------
+
+    async def append(
+        self,
+        sid: str,
+        media_type: str,
+        entries: list[bytes],
+        *,
+        close: bool,
+        stream_seq: str | None,
+        producer: Producer | None,
+    ) -> AppendResult:
+        result = await self._call(
+            "append",
+            sid,
+            media_type if entries else "",
+            "1" if close else "0",
+            stream_seq or "",
+            producer.id if producer else "",
+            producer.epoch if producer else "",
+            producer.seq if producer else "",
+            *entries,
+        )
+        status = _text(result[0])
+        if status in ("ok", "dup"):
+            return AppendResult(
+                status=status,
+                tail=int(result[1]),
+                closed=_text(result[2]) == "1",
+                producer_epoch=producer.epoch if producer else None,
+                producer_seq=int(result[4]) if status == "dup" else (producer.seq if producer else None),
+            )
+        raise _append_error(status, result)
+
+    async def delete(self, sid: str) -> None:
+        result = await self._call("delete", sid)
+        status = _text(result[0])
+        if status in ("missing", "gone"):
+            raise _not_found(status)
+        if status == "deleted":
+            await self._release(sid, _text(result[1]))
+
+    # -- reads --------------------------------------------------------------
+
+    async def head(self, sid: str) -> Meta:
+        return (await self._read(sid, -1, refresh=False)).meta
+
+    async def read(self, sid: str, start: int | None, *, budget: int | None = None) -> Chunk:
+        """Data from ``start`` (None: the tail), up to the chunk size.
+
+        Reads refresh a sliding TTL. A fork's inherited range is read from its
+        ancestors; that data never changes, so the extra calls cannot tear.
+        """
+        budget = budget or self.max_chunk_bytes
+        chunk = await self._read(sid, -1 if start is None else start, refresh=True, budget=budget)
+        meta = chunk.meta
+        if start is None:
+            return Chunk(meta, meta.tail)
+        if start > meta.tail:
+            raise bad_request("offset is beyond the stream's tail")
+        if start < meta.base:
+            inherited = await self._read_segments(meta.chain, start, budget, meta.is_json, _UNLIMITED)
+            reached = inherited[-1][0] + len(inherited[-1][1]) if inherited else start
+            used = sum(len(d) for _, d in inherited)
+            own = chunk.entries if reached >= meta.base else []
+            chunk = Chunk(meta, start, inherited + _fit(own, budget - used, meta.is_json, bool(inherited)))
+        return chunk
+
+    async def _read(self, sid: str, start: int, *, refresh: bool, budget: int = 0) -> Chunk:
+        result = await self._call("read", sid, start, budget, "1" if refresh else "0")
+        status = _text(result[0])
+        if status != "ok":
+            raise _not_found(status)
+        meta = Meta.parse(sid, result[1])
+        return Chunk(meta, max(start, meta.base), _pairs(result[2]))
+
+    async def _read_segments(
+        self, segments: Any, start: int, budget: int, whole: bool, max_entries: int
+    ) -> list[tuple[int, bytes]]:
+        """Entries from ``start`` across ancestor segments, contiguous only."""
+        out: list[tuple[int, bytes]] = []
+        pos = start
+        for sid, lo, hi in segments:
+            if hi <= pos:
+                continue
+            if pos < lo or budget <= 0 or max_entries - len(out) <= 0:
+                break
+            got = _pairs(
+                await self._call("read_range", sid, pos, hi, budget, "1" if whole else "0", max_entries - len(out))
+            )
+            out += got
+            budget -= sum(len(d) for _, d in got)
+            pos = got[-1][0] + len(got[-1][1]) if got else pos
+            if pos < hi:  # stopped inside this segment: budget or entry count
+                break
+        return out
+
+
+def _fit(entries: list[tuple[int, bytes]], budget: int, whole: bool, have_some: bool) -> list[tuple[int, bytes]]:
+    """The leading entries that fit a remaining byte budget (bytes are cut)."""
+    out: list[tuple[int, bytes]] = []
+    for pos, data in entries:
+        if budget <= 0 and (have_some or out):
+            break
+        if not whole and len(data) > budget:
+            data = data[:budget]
+        out.append((pos, data))
+        budget -= len(data)
+    return out
+
+
+def _append_error(status: str, result: list[Any]) -> ProtocolError:
+    if status == "closed":
+        return ProtocolError(
+            409,
+            "stream is closed",
+            {STREAM_CLOSED: "true", STREAM_NEXT_OFFSET: offsets.encode(int(result[1]))},
+        )
+    if status == "ct_mismatch":
+        return ProtocolError(409, "content type does not match the stream's")
+    if status == "seq_regress":
+        return ProtocolError(409, "Stream-Seq must increase")
+    if status == "bad_epoch_seq":
+        return bad_request("a new producer epoch must start at Producer-Seq 0")
+    if status == "stale_epoch":
+        return ProtocolError(403, "stale producer epoch", {PRODUCER_EPOCH: _text(result[1])})
+    if status == "seq_gap":
+        return ProtocolError(
+            409,
+            "producer sequence gap",
+            {PRODUCER_EXPECTED_SEQ: _text(result[1]), PRODUCER_RECEIVED_SEQ: _text(result[2])},
+        )
+    return _not_found(status)

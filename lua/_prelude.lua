@@ -1,0 +1,126 @@
+-- _prelude.lua: helpers shared by every script here. gateway/scripts.py puts
+-- this text in front of each script before loading it, so helpers are written
+-- once. Every script gets the same KEYS, all of one stream (one hash tag):
+--   KEYS[1] meta (hash)   KEYS[2] log (stream)   KEYS[3] producers (hash)
+--   KEYS[4] forks (set)   KEYS[5] notify channel (a name, never stored)
+-- Positions are byte positions in the stream; the log entry that starts at
+-- position P has the id "P-1" (0-0 is not a valid stream id).
+local META, LOG, PROD, FORKS, CHANNEL = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+
+local function fmt(n) return string.format('%.0f', n) end
+local function eid(pos) return fmt(pos) .. '-1' end
+local function epos(id) return tonumber(string.match(id, '^(%d+)')) end
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function load_meta()
+  local raw = redis.call('HGETALL', META)
+  if #raw == 0 then return nil end
+  local m = {}
+  for i = 1, #raw, 2 do m[raw[i]] = raw[i + 1] end
+  return m
+end
+
+local function flat(m)
+  local out = {}
+  for k, v in pairs(m) do out[#out + 1] = k; out[#out + 1] = v end
+  return out
+end
+
+local function drop() redis.call('DEL', META, LOG, PROD, FORKS) end
+
+-- Redis expiry frees an idle expired stream's memory by itself; a stream that
+-- forks still read from must outlive its deadline, so it is made persistent.
+local function apply_expiry(m)
+  if m.exp and redis.call('SCARD', FORKS) == 0 then
+    for i = 1, 4 do redis.call('PEXPIREAT', KEYS[i], m.exp) end
+  else
+    for i = 1, 4 do redis.call('PERSIST', KEYS[i]) end
+  end
+end
+
+-- 'ok', 'missing', or 'gone' (soft-deleted: kept only for its forks' reads).
+-- An expired stream is dropped, or soft-deleted while forks read from it.
+local function resolve(m, now)
+  if not m then return 'missing' end
+  if m.deleted then return 'gone' end
+  if m.exp and now >= tonumber(m.exp) then
+    if redis.call('SCARD', FORKS) > 0 then
+      redis.call('HSET', META, 'deleted', '1')
+      return 'gone'
+    end
+    drop()
+    return 'missing'
+  end
+  return 'ok'
+end
+
+-- Sliding TTL: move the deadline to now + TTL. Reads pass a min_step so a
+-- stream read many times a second is not rewritten (and fsynced) each time.
+local function touch(m, now, min_step)
+  if not m.ttl then return end
+  local exp = now + tonumber(m.ttl) * 1000
+  if m.exp and exp - tonumber(m.exp) < min_step then return end
+  m.exp = fmt(exp)
+  redis.call('HSET', META, 'exp', m.exp)
+  apply_expiry(m)
+end
+
+-- Byte-wise "a < b" (Lua's own string compare follows the server's locale).
+local function bytes_less(a, b)
+  local n = math.min(#a, #b)
+  for i = 1, n do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then return x < y end
+  end
+  return #a < #b
+end
+
+-- The own-log data covering positions [from, hi) (hi = nil: no bound) as a
+-- flat list {pos, data, pos, data, ...}, at most `budget` bytes and
+-- `max_entries` pieces. Byte entries are cut to fit, since an offset may fall
+-- inside an entry; JSON messages (whole = true) are never cut: a message that
+-- starts before `from` is skipped and the last one may overrun the budget.
+local function collect(from, hi, budget, whole, max_entries)
+  local out, total = {}, 0
+  local function add(pos, data)
+    if hi and pos + #data > hi then data = string.sub(data, 1, hi - pos) end
+    if not whole and total + #data > budget then data = string.sub(data, 1, budget - total) end
+    out[#out + 1] = fmt(pos)
+    out[#out + 1] = data
+    total = total + #data
+    return total >= budget or #out >= 2 * max_entries
+  end
+  if budget <= 0 or (hi and from >= hi) then return out end
+  local prev = redis.call('XREVRANGE', LOG, eid(from), '-', 'COUNT', 1)[1]
+  if prev then
+    local pos, data = epos(prev[1]), prev[2][2]
+    if pos + #data > from and (pos == from or not whole) then
+      if add(from, string.sub(data, from - pos + 1)) then return out end
+    end
+  end
+  local cursor = '(' .. eid(from)
+  while true do
+    local batch = redis.call('XRANGE', LOG, cursor, '+', 'COUNT', 512)
+    if #batch == 0 then return out end
+    for _, e in ipairs(batch) do
+      local pos = epos(e[1])
+      if hi and pos >= hi then return out end
+      if add(pos, e[2][2]) then return out end
+    end
+    cursor = '(' .. batch[#batch][1]
+  end
+end
+
+-- Append entries (ARGV[first..]) at the tail; returns the new tail.
+local function add_entries(m, first, now)
+  local pos = tonumber(m.tail)
+  for i = first, #ARGV do
+    redis.call('XADD', LOG, eid(pos), 'd', ARGV[i], 't', now)
+    pos = pos + #ARGV[i]
+  end
+  return pos
+end

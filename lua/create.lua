@@ -1,0 +1,38 @@
+-- create.lua: PUT. Creates the stream, or answers for an existing one.
+-- ARGV: 1 content type as given, 2 content type normalized, 3 TTL seconds
+--   ('' none), 4 Expires-At in ms ('' none), 5 Expires-At as given,
+--   6 '1' to create closed, 7 fork source id ('' not a fork), 8 fork offset
+--   the client gave ('' none: not compared), 9 fork offset to record,
+--   10 fork sub-offset, 11 base position (where this stream's own log
+--   starts: the fork point, else 0), 12 fork read chain (JSON),
+--   13.. initial entries.
+-- Returns {'created', meta} | {'exists', meta} | {'conflict', source id of the
+--   existing stream or ''}.
+local ct, ctn, ttl, exp_at, expires, closed = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
+local src, fork_off, fork_sub, base, chain = ARGV[7], ARGV[8], ARGV[10], ARGV[11], ARGV[12]
+local now = now_ms()
+local m = load_meta()
+local status = resolve(m, now)
+if status == 'gone' then return {'conflict', m.src or ''} end
+if status == 'ok' then
+  local same = m.ctn == ctn and (m.ttl or '') == ttl and (m.expires or '') == expires
+    and (m.closed or '0') == closed and (m.src or '') == src
+    and (fork_off == '' or m.fork_off == fork_off) and (m.fork_sub or '0') == fork_sub
+  if same then
+    touch(m, now, 0)
+    return {'exists', flat(m)}
+  end
+  return {'conflict', m.src or ''}
+end
+
+m = {ct = ct, ctn = ctn, base = base, tail = base, created = fmt(now)}
+if ttl ~= '' then m.ttl = ttl; m.exp = fmt(now + tonumber(ttl) * 1000) end
+if expires ~= '' then m.expires = expires; m.exp = exp_at end
+if src ~= '' then
+  m.src = src; m.fork_off = ARGV[9]; m.fork_sub = fork_sub; m.chain = chain
+end
+m.tail = fmt(add_entries(m, 13, now))
+if closed == '1' then m.closed = '1' end
+redis.call('HSET', META, unpack(flat(m)))
+if m.exp then apply_expiry(m) end
+return {'created', flat(m)}

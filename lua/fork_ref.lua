@@ -1,0 +1,11 @@
+-- fork_ref.lua: run on a fork's source before the fork is created. Records
+-- the fork (a set, so retries count once) and pins the source's data.
+-- ARGV: 1 the fork's id.
+-- Returns {'ok', source meta} | {'missing'} | {'gone'}.
+local now = now_ms()
+local m = load_meta()
+local status = resolve(m, now)
+if status ~= 'ok' then return {status} end
+redis.call('SADD', FORKS, ARGV[1])
+apply_expiry(m)
+return {'ok', flat(m)}
