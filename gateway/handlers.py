@@ -127,7 +127,8 @@ async def post_stream(request: web.Request) -> web.Response:
     result = await gw.store.append(
         sid, media, entries, close=close, stream_seq=stream_seq, producer=producer
     )
-    status = 200 if producer is not None and result.status == "ok" else 204
+    # New data from an idempotent producer is 200; duplicates and close-only are 204.
+    status = 200 if producer is not None and result.status == "ok" and entries else 204
     return web.Response(status=status, headers=responses.append_result(result))
 
 
@@ -150,11 +151,11 @@ async def get_stream(request: web.Request) -> web.StreamResponse:
     start = offsets.parse_read_offset(query.getall("offset", []))
     mode = query.get("live")
     client_cursor = query.get("cursor")
+    if mode in ("sse", "long-poll") and "offset" not in query:
+        raise bad_request(f"live={mode} needs an offset")
     if mode == "sse":
         return await live.sse(request, gw, sid, start, cursor.response_cursor(client_cursor))
     if mode == "long-poll":
-        if "offset" not in query:
-            raise bad_request("long-poll needs an offset")
         return await live.long_poll(request, gw, sid, start, cursor.response_cursor(client_cursor))
     if mode is not None:
         raise bad_request("live must be long-poll or sse")

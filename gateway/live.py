@@ -6,10 +6,11 @@ import asyncio
 
 from aiohttp import web
 
-from . import caching, offsets, responses, sse
+from . import caching, offsets, responses
 from .context import Gateway
 from .errors import ProtocolError
 from .headers import STREAM_SSE_DATA_ENCODING, is_text
+from .sse import comment, control_event, data_event
 from .store import Chunk
 
 
@@ -58,8 +59,8 @@ async def sse(
     position = chunk.start
 
     async def send(chunk: Chunk) -> None:
-        frames = sse.data_event(chunk.body(), text=text) if chunk.entries else b""
-        frames += sse.control_event(
+        frames = data_event(chunk.body(), text=text) if chunk.entries else b""
+        frames += control_event(
             offsets.encode(chunk.end), cursor=cursor, up_to_date=chunk.up_to_date, closed=chunk.eof
         )
         await response.write(frames)
@@ -76,7 +77,7 @@ async def sse(
                     if not await watch.wait(min(remaining, settings.sse_heartbeat_seconds)):
                         if watch.stopping or loop.time() >= deadline:
                             break
-                        await response.write(sse.comment())
+                        await response.write(comment())
                         continue
                 chunk = await gw.store.read(sid, position)
                 if chunk.entries or chunk.eof:

@@ -14,13 +14,19 @@ def data_event(payload: bytes, *, text: bool) -> bytes:
     """An ``event: data`` frame; binary payloads are base64 text.
 
     Every line of the payload gets its own ``data:`` line, so a CR or LF in
-    stream data can never end the event early or inject a fake one. The
-    space after ``data:`` is the one SSE parsers strip, so payload lines that
-    start with a space keep it.
+    stream data can never end the event early or inject a fake one.
     """
     body = payload.decode("utf-8", "replace") if text else base64.b64encode(payload).decode()
-    lines = "".join(f"data: {line}\n" for line in _LINE_BREAK.split(body))
-    return f"event: data\n{lines}\n".encode()
+    return f"event: data\n{_data_lines(body)}\n".encode()
+
+
+def _data_lines(body: str) -> str:
+    """``data:`` lines as the reference server writes them (no space after
+    the colon), except that a line starting with a space gets one extra: SSE
+    parsers strip exactly one, so the line's own space survives."""
+    return "".join(
+        f"data: {line}\n" if line.startswith(" ") else f"data:{line}\n" for line in _LINE_BREAK.split(body)
+    )
 
 
 def control_event(
@@ -38,7 +44,7 @@ def control_event(
         fields["upToDate"] = True
     if closed:
         fields["streamClosed"] = True
-    return b"event: control\ndata: " + orjson.dumps(fields) + b"\n\n"
+    return b"event: control\ndata:" + orjson.dumps(fields) + b"\n\n"
 
 
 def comment(text: str = "") -> bytes:
