@@ -7,6 +7,7 @@ level is flattened). Reads wrap the messages of a range in one array.
 from __future__ import annotations
 
 import json
+import re
 from typing import Iterable
 
 import orjson
@@ -18,12 +19,17 @@ def _reject_constant(name: str) -> None:
     raise ValueError(f"{name} is not JSON")
 
 
+# orjson turns integers past 64 bits into floats, silently losing digits;
+# bodies with such long digit runs go through the standard library instead.
+_LONG_DIGITS = re.compile(rb"\d{19}")
+
+
 def _loads(body: bytes) -> object:
-    try:
-        return orjson.loads(body)
-    except orjson.JSONDecodeError:
-        pass
-    # orjson stops at 64-bit integers; the standard library parses any size.
+    if not _LONG_DIGITS.search(body):
+        try:
+            return orjson.loads(body)
+        except orjson.JSONDecodeError:
+            raise bad_request("body is not valid JSON") from None
     try:
         return json.loads(body, parse_constant=_reject_constant)
     except (ValueError, UnicodeDecodeError, RecursionError):

