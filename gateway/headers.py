@@ -7,9 +7,9 @@ validate everything before touching Redis.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
-from typing import Mapping
+from datetime import UTC, datetime, timedelta
 
 from .errors import bad_request
 
@@ -64,7 +64,7 @@ def parse_expires_at(value: str) -> int:
     year, month, day, hour, minute, second = (int(g) for g in match.groups()[:6])
     fraction, zone = match.group(7), match.group(8)
     try:
-        moment = datetime(year, month, day, hour, minute, min(second, 59), tzinfo=timezone.utc)
+        moment = datetime(year, month, day, hour, minute, min(second, 59), tzinfo=UTC)
     except ValueError as exc:
         raise bad_request(f"Stream-Expires-At is not a valid date: {exc}") from None
     if zone not in ("Z", "z"):

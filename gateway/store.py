@@ -358,7 +358,9 @@ class Store:
             if pos < lo or budget <= 0 or max_entries - len(out) <= 0:
                 break
             got = _pairs(
-                await self._call("read_range", sid, pos, hi, budget, "1" if whole else "0", max_entries - len(out))
+                await self._call(
+                    "read_range", sid, pos, hi, budget, "1" if whole else "0", max_entries - len(out)
+                )
             )
             out += got
             budget -= sum(len(d) for _, d in got)
@@ -368,7 +370,9 @@ class Store:
         return out
 
 
-def _fit(entries: list[tuple[int, bytes]], budget: int, whole: bool, have_some: bool) -> list[tuple[int, bytes]]:
+def _fit(
+    entries: list[tuple[int, bytes]], budget: int, whole: bool, have_some: bool
+) -> list[tuple[int, bytes]]:
     """The leading entries that fit a remaining byte budget (bytes are cut)."""
     out: list[tuple[int, bytes]] = []
     for pos, data in entries:

@@ -29,8 +29,20 @@ class TestOffsets:
         assert sorted(tokens) == tokens
         assert offsets.encode(0) == "0000000000000000_0000000000000000"
 
-    @pytest.mark.parametrize("bad", ["", "abc", "0,1", "0 1", "-2", "1_1", "0000000000000001_0000000000000000",
-                                     "0000000000000000_000000000000000a", "0000000000000000_00000000000000001"])
+    @pytest.mark.parametrize(
+        "bad",
+        [
+            "",
+            "abc",
+            "0,1",
+            "0 1",
+            "-2",
+            "1_1",
+            "0000000000000001_0000000000000000",
+            "0000000000000000_000000000000000a",
+            "0000000000000000_00000000000000001",
+        ],
+    )
     def test_malformed_offsets_are_400(self, bad: str) -> None:
         with pytest.raises(ProtocolError) as err:
             offsets.decode(bad)
@@ -83,10 +95,13 @@ class TestHeaders:
         assert parse_producer({}) is None
         p = parse_producer({"Producer-Id": "a", "Producer-Epoch": "1", "Producer-Seq": "2"})
         assert p is not None and (p.id, p.epoch, p.seq) == ("a", 1, 2)
-        for partial in ({"Producer-Id": "a"}, {"Producer-Id": "a", "Producer-Epoch": "0"},
-                        {"Producer-Id": "", "Producer-Epoch": "0", "Producer-Seq": "0"},
-                        {"Producer-Id": "a", "Producer-Epoch": "-1", "Producer-Seq": "0"},
-                        {"Producer-Id": "a", "Producer-Epoch": str(2**53), "Producer-Seq": "0"}):
+        for partial in (
+            {"Producer-Id": "a"},
+            {"Producer-Id": "a", "Producer-Epoch": "0"},
+            {"Producer-Id": "", "Producer-Epoch": "0", "Producer-Seq": "0"},
+            {"Producer-Id": "a", "Producer-Epoch": "-1", "Producer-Seq": "0"},
+            {"Producer-Id": "a", "Producer-Epoch": str(2**53), "Producer-Seq": "0"},
+        ):
             with pytest.raises(ProtocolError):
                 parse_producer(partial)
 
@@ -153,7 +168,7 @@ class TestCaching:
         a = caching.etag("s", "1", 0, 5, False)
         assert a != caching.etag("s", "1", 0, 5, True)
         assert a != caching.etag("s", "2", 0, 5, False)
-        assert caching.matches(f"W/{a}, \"other\"", a)
+        assert caching.matches(f'W/{a}, "other"', a)
         assert caching.matches("*", a)
         assert not caching.matches('"nope"', a)
         assert not caching.matches(None, a)

@@ -65,7 +65,11 @@ async def test_bad_appends_change_nothing(http: aiohttp.ClientSession, url: str)
         ({"Content-Type": "application/json"}, b"{}", 409),  # type mismatch
         ({}, b"", 400),  # empty body, no close
         ({"Content-Type": "text/plain", "Producer-Id": "p"}, b"x", 400),  # partial producer headers
-        ({"Content-Type": "text/plain", "Producer-Id": "p", "Producer-Epoch": "x", "Producer-Seq": "0"}, b"x", 400),
+        (
+            {"Content-Type": "text/plain", "Producer-Id": "p", "Producer-Epoch": "x", "Producer-Seq": "0"},
+            b"x",
+            400,
+        ),
         ({"Content-Type": "bogus"}, b"x", 400),
         ({"Content-Type": "text/plain"}, b"x" * 5000, 413),  # over the 4 KiB limit
     ]
@@ -80,8 +84,14 @@ async def test_bad_appends_change_nothing(http: aiohttp.ClientSession, url: str)
 async def test_bad_reads_are_400_never_500(http: aiohttp.ClientSession, url: str) -> None:
     async with http.put(url, data=b"abc", headers=TEXT) as r:
         assert r.status == 201
-    for query in ("offset=abc", "offset=0,1", "offset=-1&offset=now", "live=forever&offset=-1",
-                  f"offset={off(99)}", "offset=0000000000000007_0000000000000000"):
+    for query in (
+        "offset=abc",
+        "offset=0,1",
+        "offset=-1&offset=now",
+        "live=forever&offset=-1",
+        f"offset={off(99)}",
+        "offset=0000000000000007_0000000000000000",
+    ):
         async with http.get(f"{url}?{query}") as r:
             assert r.status == 400, query
     async with http.get(url.rsplit("/", 1)[0] + "/bad%01path") as r:
@@ -217,7 +227,9 @@ async def test_head_and_security_headers(http: aiohttp.ClientSession, url: str) 
         assert r.headers["Stream-TTL"] == "3600"
         assert r.headers["X-Content-Type-Options"] == "nosniff"
         assert "Stream-Next-Offset" in r.headers["Access-Control-Expose-Headers"]
-    async with http.options(url, headers={"Origin": "https://x", "Access-Control-Request-Method": "PUT"}) as r:
+    async with http.options(
+        url, headers={"Origin": "https://x", "Access-Control-Request-Method": "PUT"}
+    ) as r:
         assert r.status == 204
         assert "PUT" in r.headers["Access-Control-Allow-Methods"]
 
@@ -264,8 +276,11 @@ async def test_fork_reads_and_lifecycle(http: aiohttp.ClientSession, url: str, r
     path = source.split("/v1/stream", 1)[1]
     await http.put(source, data=b"hello", headers=TEXT)
     await http.post(source, data=b" world", headers=TEXT)
-    fork_headers = {"Stream-Forked-From": "/v1/stream" + path, "Stream-Fork-Offset": off(5),
-                    "Stream-Fork-Sub-Offset": "3"}
+    fork_headers = {
+        "Stream-Forked-From": "/v1/stream" + path,
+        "Stream-Fork-Offset": off(5),
+        "Stream-Fork-Sub-Offset": "3",
+    }
     async with http.put(fork, headers=fork_headers, **NO_TYPE) as r:
         assert r.status == 201
         assert r.headers["Content-Type"] == "text/plain"  # inherited
@@ -308,7 +323,11 @@ async def test_fork_reads_and_lifecycle(http: aiohttp.ClientSession, url: str, r
 async def test_json_fork_sub_offset(http: aiohttp.ClientSession, url: str) -> None:
     path = url.split("/v1/stream", 1)[1]
     await http.put(url, json=[1, 2, 3])
-    headers = {"Stream-Forked-From": "/v1/stream" + path, "Stream-Fork-Offset": off(0), "Stream-Fork-Sub-Offset": "2"}
+    headers = {
+        "Stream-Forked-From": "/v1/stream" + path,
+        "Stream-Fork-Offset": off(0),
+        "Stream-Fork-Sub-Offset": "2",
+    }
     async with http.put(url + "-f", headers=headers, **NO_TYPE) as r:
         assert r.status == 201
     async with http.get(url + "-f") as r:

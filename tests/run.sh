@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The test command: sets up what it needs, then lint, the official
+# conformance suite, and pytest. Usage: bash tests/run.sh [pytest args]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+python3 -m venv .venv 2>/dev/null || true
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null
+.venv/bin/python -m pip install -q -e ".[test]"
+
+echo "== ruff"
+.venv/bin/ruff check gateway tests
+
+echo "== conformance suite (@durable-streams/server-conformance-tests)"
+.venv/bin/python tests/conformance/run.py
+
+echo "== pytest"
+.venv/bin/python -m pytest "$@"

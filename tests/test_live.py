@@ -1,0 +1,111 @@
+"""Live reads: long-poll and SSE, in one gateway and across two."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+
+from gateway import offsets
+
+from .conftest import start_gateway
+
+TEXT = {"Content-Type": "text/plain"}
+
+
+async def read_sse(response: aiohttp.ClientResponse, until: str) -> list[tuple[str, str]]:
+    """(event, data) pairs until a control event containing ``until``."""
+    events, kind, data = [], "", []
+    async for raw in response.content:
+        line = raw.decode().rstrip("\n")
+        if line.startswith("event:"):
+            kind = line[6:].strip()
+        elif line.startswith("data:"):
+            data.append(line[5:][1:] if line[5:].startswith(" ") else line[5:])
+        elif line == "" and kind:
+            events.append((kind, "\n".join(data)))
+            if kind == "control" and until in events[-1][1]:
+                return events
+            kind, data = "", []
+    return events
+
+
+async def test_long_poll_wakes_on_append(http: aiohttp.ClientSession, url: str) -> None:
+    await http.put(url, data=b"a", headers=TEXT)
+    waiter = asyncio.create_task(http.get(url, params={"offset": offsets.encode(1), "live": "long-poll"}))
+    await asyncio.sleep(0.3)
+    assert not waiter.done()
+    await http.post(url, data=b"b", headers=TEXT)
+    r = await asyncio.wait_for(waiter, 2)
+    assert r.status == 200 and await r.read() == b"b"
+    assert r.headers["Stream-Cursor"].isdigit()
+
+
+async def test_long_poll_times_out_with_204(http: aiohttp.ClientSession, url: str) -> None:
+    await http.put(url, headers=TEXT)
+    async with http.get(url, params={"offset": "now", "live": "long-poll"}) as r:
+        assert r.status == 204
+        assert r.headers["Stream-Up-To-Date"] == "true"
+        assert r.headers["Stream-Next-Offset"] == offsets.encode(0)
+
+
+async def test_long_poll_ends_at_once_on_closed_stream(http: aiohttp.ClientSession, url: str) -> None:
+    await http.put(url, headers={**TEXT, "Stream-Closed": "true"})
+    r = await asyncio.wait_for(http.get(url, params={"offset": "-1", "live": "long-poll"}), 1)
+    assert r.status == 204 and r.headers["Stream-Closed"] == "true"
+
+
+async def test_close_wakes_long_poll(http: aiohttp.ClientSession, url: str) -> None:
+    await http.put(url, headers=TEXT)
+    waiter = asyncio.create_task(http.get(url, params={"offset": "-1", "live": "long-poll"}))
+    await asyncio.sleep(0.2)
+    await http.post(url, headers={"Stream-Closed": "true"})
+    r = await asyncio.wait_for(waiter, 1)
+    assert r.status == 204 and r.headers["Stream-Closed"] == "true"
+
+
+async def test_sse_streams_appends_then_closes(http: aiohttp.ClientSession, url: str) -> None:
+    await http.put(url, json=[{"n": 0}])
+    async with http.get(url, params={"offset": "-1", "live": "sse"}) as r:
+        assert r.headers["Content-Type"] == "text/event-stream"
+        first = await read_sse(r, "upToDate")
+        assert first[0] == ("data", '[{"n":0}]')
+        await http.post(url, json=[{"n": 1}, {"n": 2}])
+        await http.post(url, json={"n": 3}, headers={"Stream-Closed": "true"})
+        rest = await asyncio.wait_for(read_sse(r, "streamClosed"), 3)
+    data = [json.loads(d) for kind, d in rest if kind == "data"]
+    assert [m["n"] for batch in data for m in batch] == [1, 2, 3]
+    final = json.loads(rest[-1][1])
+    assert final["streamClosed"] is True and "streamCursor" not in final
+
+
+async def test_sse_binary_is_base64(http: aiohttp.ClientSession, url: str) -> None:
+    await http.put(url, data=b"\x00\xff", headers={"Content-Type": "application/octet-stream"})
+    async with http.get(url, params={"offset": "-1", "live": "sse"}) as r:
+        assert r.headers["Stream-SSE-Data-Encoding"] == "base64"
+        events = await read_sse(r, "upToDate")
+    assert events[0] == ("data", "AP8=")
+
+
+async def test_two_gateways_share_one_redis(http: aiohttp.ClientSession, redis_url: str) -> None:
+    """Append through one gateway, read live through another (long-poll and SSE)."""
+    a, b = await start_gateway(redis_url), await start_gateway(redis_url)
+    try:
+        url_a, url_b = str(a.make_url("/v1/stream/shared-x")), str(b.make_url("/v1/stream/shared-x"))
+        await http.delete(url_a)
+        await http.put(url_a, headers=TEXT)
+        poll = asyncio.create_task(http.get(url_b, params={"offset": "-1", "live": "long-poll"}))
+        sse = await http.get(url_b, params={"offset": "-1", "live": "sse"})
+        await read_sse(sse, "upToDate")
+        await asyncio.sleep(0.2)
+        await http.post(url_a, data=b"hi", headers=TEXT)
+        r = await asyncio.wait_for(poll, 2)
+        assert await r.read() == b"hi"
+        await http.post(url_a, headers={"Stream-Closed": "true"})
+        events = await asyncio.wait_for(read_sse(sse, "streamClosed"), 2)
+        assert ("data", "hi") in events
+        sse.close()
+    finally:
+        await a.close()
+        await b.close()
