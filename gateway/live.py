@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from aiohttp import web
 
@@ -85,6 +86,7 @@ async def sse(
     except ProtocolError:
         pass  # deleted or expired mid-stream: end the event stream
     except (ConnectionResetError, asyncio.CancelledError):
-        return response
-    await response.write_eof()
+        return response  # the client left
+    with contextlib.suppress(ConnectionResetError):
+        await response.write_eof()
     return response
