@@ -7,7 +7,6 @@ script again by itself if the server has forgotten it (a restart, a failover).
 
 from __future__ import annotations
 
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +17,8 @@ NAMES = ("create", "append", "read", "read_range", "delete", "fork_ref", "releas
 
 
 def lua_dir() -> Path:
-    """Where the scripts are: the repo's ``lua/`` or the copy inside the wheel."""
-    packaged = Path(str(resources.files("gateway"))) / "lua"
-    if packaged.is_dir():
-        return packaged
-    return Path(__file__).resolve().parent.parent / "lua"
+    """``gateway/lua``: a link to the repo's ``lua/``, a real folder inside the wheel."""
+    return Path(__file__).parent / "lua"
 
 
 def source(name: str) -> str:
