@@ -7,6 +7,7 @@ testcontainers Redis when a Docker engine answers. No fakes.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import uuid
@@ -26,6 +27,17 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def own_redis_server(directory: os.PathLike[str], binary: str | None = None) -> Iterator[EmbeddedRedis]:
+    """A redis-server of a test's own (to kill, restart, or run another version)."""
+    server = EmbeddedRedis(directory, port=free_port(), binary=binary)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 def _docker_redis() -> Iterator[str] | None:

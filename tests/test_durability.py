@@ -9,7 +9,7 @@ import pytest
 
 from gateway.embedded import EmbeddedRedis, find_redis_server
 
-from .conftest import free_port, start_gateway
+from .conftest import own_redis_server, start_gateway
 
 
 @pytest.fixture
@@ -18,10 +18,8 @@ def own_redis(tmp_path):
         find_redis_server()
     except RuntimeError:
         pytest.skip("needs a redis-server binary to kill and restart")
-    server = EmbeddedRedis(tmp_path / "redis", port=free_port())
-    server.start()
-    yield server
-    server.stop()
+    with own_redis_server(tmp_path / "redis") as server:
+        yield server
 
 
 async def test_acknowledged_appends_survive_kill_9(

