@@ -35,6 +35,9 @@ async def protocol_errors(request: web.Request, handler: Handler) -> web.StreamR
     ) as exc:
         log.warning("redis unavailable: %s", exc)
         return web.Response(status=503, text="storage unavailable, retry\n", headers={"Retry-After": "1"})
+    except redis.exceptions.ResponseError as exc:  # e.g. OOM at maxmemory: Redis refused the write
+        log.error("redis refused a command: %s", exc)
+        return web.Response(status=503, text="storage refused the request\n", headers={"Retry-After": "5"})
 
 
 async def _security_headers(request: web.Request, response: web.StreamResponse) -> None:

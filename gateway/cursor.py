@@ -9,11 +9,24 @@ cached empty responses cannot loop.
 from __future__ import annotations
 
 import random
+import re
 import time
+
+from .errors import bad_request
 
 EPOCH_SECONDS = 1728432000  # 2024-10-09T00:00:00Z, as the protocol suggests
 INTERVAL_SECONDS = 20
 _MAX_JITTER_SECONDS = 3600
+_CURSOR = re.compile(r"\A[0-9]{1,18}\Z")
+
+
+def parse_client_cursor(values: list[str]) -> int | None:
+    """The ``cursor`` query parameter: an interval number we minted, or absent."""
+    if not values:
+        return None
+    if len(values) > 1 or not _CURSOR.match(values[0]):
+        raise bad_request("cursor must be a Stream-Cursor value echoed back")
+    return int(values[0])
 
 
 def current_interval(now: float | None = None) -> int:
@@ -22,14 +35,11 @@ def current_interval(now: float | None = None) -> int:
 
 
 def response_cursor(
-    client_cursor: str | None, now: float | None = None, rng: random.Random | None = None
+    client: int | None, now: float | None = None, rng: random.Random | None = None
 ) -> str:
     """The cursor for a live response, given the one the client echoed."""
     current = current_interval(now)
-    if client_cursor is None or not client_cursor.isdigit() or len(client_cursor) > 18:
-        return str(current)
-    client = int(client_cursor)
-    if client < current:
+    if client is None or client < current:
         return str(current)
     jitter_seconds = (rng or random).randint(1, _MAX_JITTER_SECONDS)
     return str(client + max(1, jitter_seconds // INTERVAL_SECONDS))

@@ -150,7 +150,7 @@ async def get_stream(request: web.Request) -> web.StreamResponse:
     query = request.query
     start = offsets.parse_read_offset(query.getall("offset", []))
     mode = query.get("live")
-    client_cursor = query.get("cursor")
+    client_cursor = cursor.parse_client_cursor(query.getall("cursor", []))
     if mode in ("sse", "long-poll") and "offset" not in query:
         raise bad_request(f"live={mode} needs an offset")
     if mode == "sse":

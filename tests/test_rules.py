@@ -60,14 +60,20 @@ class TestCursor:
     def test_behind_or_absent_client_gets_current_interval(self) -> None:
         now = cursor.EPOCH_SECONDS + 20 * 1000 + 5
         assert cursor.response_cursor(None, now) == "1000"
-        assert cursor.response_cursor("999", now) == "1000"
-        assert cursor.response_cursor("garbage", now) == "1000"
+        assert cursor.response_cursor(999, now) == "1000"
 
     def test_client_at_or_ahead_gets_strictly_greater(self) -> None:
         now = cursor.EPOCH_SECONDS + 20 * 1000
         rng = random.Random(1)
-        for client in ("1000", "1005", "99999"):
-            assert int(cursor.response_cursor(client, now, rng)) > int(client)
+        for client in (1000, 1005, 99999):
+            assert int(cursor.response_cursor(client, now, rng)) > client
+
+    def test_malformed_client_cursor_is_400(self) -> None:
+        assert cursor.parse_client_cursor([]) is None
+        assert cursor.parse_client_cursor(["42"]) == 42
+        for bad in (["x"], ["-1"], ["1.5"], ["1" * 19], ["1", "2"]):
+            with pytest.raises(ProtocolError):
+                cursor.parse_client_cursor(bad)
 
 
 class TestHeaders:

@@ -90,6 +90,7 @@ async def test_bad_reads_are_400_never_500(http: aiohttp.ClientSession, url: str
         "offset=-1&offset=now",
         "live=forever&offset=-1",
         f"offset={off(99)}",
+        "offset=-1&live=long-poll&cursor=abc",
         "offset=0000000000000007_0000000000000000",
     ):
         async with http.get(f"{url}?{query}") as r:
