@@ -19,13 +19,13 @@ async def long_poll(
     request: web.Request, gw: Gateway, sid: str, start: int | None, cursor: str
 ) -> web.Response:
     """Data now if there is any (or the stream is closed), else wait for an append."""
-    chunk = await gw.store.read(sid, start)
+    chunk = await gw.store.read_shared(sid, start)
     if not chunk.entries and not chunk.meta.closed:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + gw.settings.long_poll_timeout
         async with gw.fanout.watch(sid) as watch:
             while True:
-                chunk = await gw.store.read(sid, chunk.start)  # after subscribing: nothing slips by
+                chunk = await gw.store.read_shared(sid, chunk.start)  # after subscribing: nothing slips by
                 if chunk.entries or chunk.meta.closed:
                     break
                 if not await watch.wait(deadline - loop.time()):
@@ -47,7 +47,7 @@ async def sse(
     reconnect cycle is up (clients resume from the last control event), or
     on shutdown.
     """
-    chunk = await gw.store.read(sid, start)  # 404 and friends before the stream starts
+    chunk = await gw.store.read_shared(sid, start)  # 404 and friends before the stream starts
     text = is_text(chunk.meta.content_type)
     headers = {"Content-Type": "text/event-stream", "Cache-Control": caching.SSE, "X-Accel-Buffering": "no"}
     if not text:
@@ -80,7 +80,7 @@ async def sse(
                             break
                         await response.write(comment())
                         continue
-                chunk = await gw.store.read(sid, position)
+                chunk = await gw.store.read_shared(sid, position)
                 if chunk.entries or chunk.eof:
                     await send(chunk)
     except ProtocolError:

@@ -30,6 +30,7 @@ from .headers import (
 )
 from .jsonmode import to_array
 from .scripts import Scripts
+from .singleflight import SingleFlight
 
 _UNLIMITED = 2**50
 Segment = tuple[str, int, int]  # (stream id, from position, to position), to exclusive
@@ -142,6 +143,7 @@ class Store:
         self.redis = redis
         self.scripts = Scripts(redis)
         self.max_chunk_bytes = max_chunk_bytes
+        self._shared_reads: SingleFlight[Chunk] = SingleFlight()
 
     async def _call(self, name: str, sid: str, *args: Any) -> Any:
         return await self.scripts.call(name, keys.stream_keys(sid), list(args))
@@ -337,6 +339,10 @@ class Store:
             own = chunk.entries if reached >= meta.base else []
             chunk = Chunk(meta, start, inherited + _fit(own, budget - used, meta.is_json, bool(inherited)))
         return chunk
+
+    async def read_shared(self, sid: str, start: int | None) -> Chunk:
+        """``read``, shared with concurrent readers of the same stream and offset (live reads)."""
+        return await self._shared_reads.run((sid, start), lambda: self.read(sid, start))
 
     async def _read(self, sid: str, start: int, *, refresh: bool, budget: int = 0) -> Chunk:
         result = await self._call("read", sid, start, budget, "1" if refresh else "0")

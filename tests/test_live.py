@@ -109,3 +109,31 @@ async def test_two_gateways_share_one_redis(http: aiohttp.ClientSession, redis_u
     finally:
         await a.close()
         await b.close()
+
+
+async def evalsha_calls(redis) -> int:
+    stats = await redis.info("commandstats")
+    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+async def test_redis_reads_per_append_do_not_grow_with_readers(
+    http: aiohttp.ClientSession, url: str, redis
+) -> None:
+    """One pub/sub notice wakes every local reader; they share one Redis read."""
+    await http.put(url, headers=TEXT)
+    readers = [await http.get(url, params={"offset": "-1", "live": "sse"}) for _ in range(50)]
+    for r in readers:
+        await read_sse(r, "upToDate")
+    await asyncio.sleep(0.2)
+    before = await evalsha_calls(redis)
+    appends = 10
+    for i in range(appends):
+        await http.post(url, data=f"m{i};".encode(), headers=TEXT)
+        for r in readers:  # every reader gets every message
+            events = await asyncio.wait_for(read_sse(r, "streamNextOffset"), 2)
+            assert ("data", f"m{i};") in events
+    calls = await evalsha_calls(redis) - before
+    for r in readers:
+        r.close()
+    reads = calls - appends
+    assert reads <= 2 * appends, f"{reads} script reads for {appends} appends with 50 readers"
