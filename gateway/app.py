@@ -10,7 +10,7 @@ import redis.exceptions
 from aiohttp import web
 
 from . import durability, handlers
-from .config import Settings
+from .config import Settings, from_env
 from .context import GATEWAY, Gateway
 from .errors import ProtocolError
 from .fanout import Fanout
@@ -59,6 +59,18 @@ async def readyz(request: web.Request) -> web.Response:
     if not all(loaded):
         await gw.store.scripts.load()
     return web.Response(text="ready\n")
+
+
+async def app_from_env() -> web.Application:
+    """For ``gunicorn gateway.app:app_from_env``: settings from DURABLE_STREAMS_* variables.
+
+    Needs a Redis URL (``DURABLE_STREAMS_REDIS_URL`` or ``REDIS_URL``); only
+    ``durable-streams serve`` starts an embedded Redis.
+    """
+    settings = from_env()
+    if not settings.redis_url:
+        raise RuntimeError("set DURABLE_STREAMS_REDIS_URL (or REDIS_URL) for gunicorn workers")
+    return create_app(settings, settings.redis_url)
 
 
 def create_app(settings: Settings, redis_url: str) -> web.Application:

@@ -50,6 +50,9 @@ def serve(settings: config.Settings) -> None:
         redis_url = embedded.url
         log.info("embedded redis-server (%s) in %s", embedded.binary, embedded.data_dir)
     try:
+        if settings.workers > 1:
+            _run_gunicorn(settings, redis_url)
+            return
         _install_uvloop()
         app = create_app(settings, redis_url)
         web.run_app(
@@ -64,6 +67,29 @@ def serve(settings: config.Settings) -> None:
     finally:
         if embedded is not None:
             embedded.stop()
+
+
+def _run_gunicorn(settings: config.Settings, redis_url: str) -> None:
+    """N worker processes on one port, configured by ``gateway/gunicorn_conf.py``."""
+    from gunicorn.app.base import BaseApplication
+
+    from . import gunicorn_conf
+
+    class Gateway(BaseApplication):  # type: ignore[misc]
+        def load_config(self) -> None:
+            for name in ("worker_class", "graceful_timeout", "timeout", "keepalive", "accesslog"):
+                self.cfg.set(name, getattr(gunicorn_conf, name))
+            self.cfg.set("bind", f"{settings.host}:{settings.port}")
+            self.cfg.set("workers", settings.workers)
+            self.cfg.set("loglevel", settings.log_level)
+
+        def load(self):  # workers are forked: the settings travel with them
+            async def factory() -> web.Application:
+                return create_app(settings, redis_url)
+
+            return factory
+
+    Gateway().run()
 
 
 def main(argv: list[str] | None = None) -> int:

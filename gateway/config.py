@@ -27,6 +27,7 @@ class Settings:
     sse_cycle_seconds: float = 60.0
     sse_heartbeat_seconds: float = 15.0
     require_durable: bool = False
+    workers: int = 1
     log_level: str = "info"
 
 
@@ -45,6 +46,7 @@ HELP = {
     "sse_heartbeat_seconds": "seconds between SSE comment lines on an idle connection",
     "require_durable": "refuse to start when the Redis could lose acknowledged writes "
     "(appendonly off, or appendfsync not 'always')",
+    "workers": "worker processes sharing the port (more than 1 runs under gunicorn)",
     "log_level": "debug, info, warning or error",
 }
 
@@ -78,6 +80,13 @@ def add_arguments(parser: argparse.ArgumentParser, names: list[str] | None = Non
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_text)
         else:
             parser.add_argument(flag, type=kind, default=default, help=help_text)
+
+
+def from_env() -> Settings:
+    """Settings from the environment alone (how gunicorn-launched workers get them)."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return from_namespace(parser.parse_args([]))
 
 
 def from_namespace(ns: argparse.Namespace) -> Settings:

@@ -34,9 +34,7 @@ def current_interval(now: float | None = None) -> int:
     return int((now - EPOCH_SECONDS) // INTERVAL_SECONDS)
 
 
-def response_cursor(
-    client: int | None, now: float | None = None, rng: random.Random | None = None
-) -> str:
+def response_cursor(client: int | None, now: float | None = None, rng: random.Random | None = None) -> str:
     """The cursor for a live response, given the one the client echoed."""
     current = current_interval(now)
     if client is None or client < current:

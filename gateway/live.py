@@ -83,6 +83,12 @@ async def sse(
                 chunk = await gw.store.read_shared(sid, position)
                 if chunk.entries or chunk.eof:
                     await send(chunk)
+            if not chunk.eof:  # cycle over or shutting down: say where to resume
+                await response.write(
+                    control_event(
+                        offsets.encode(chunk.end), cursor=cursor, up_to_date=chunk.up_to_date, closed=False
+                    )
+                )
     except ProtocolError:
         pass  # deleted or expired mid-stream: end the event stream
     except (ConnectionResetError, asyncio.CancelledError):

@@ -37,22 +37,38 @@ def _wait_ready(port: int, proc: subprocess.Popen) -> None:
     raise AssertionError("gateway did not become ready")
 
 
-def test_serve_with_embedded_redis(tmp_path) -> None:
+def _serve(tmp_path, *args: str) -> tuple[subprocess.Popen, int]:
+    """``durable-streams serve`` with an embedded Redis, as a user starts it."""
     try:
         find_redis_server()
     except RuntimeError:
         pytest.skip("no redis-server binary")
     port = free_port()
-    data_dir = tmp_path / "data"
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DURABLE_STREAMS_REDIS_URL")}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway", "serve", "--port", str(port), "--data-dir", str(data_dir)],
+        [
+            sys.executable,
+            "-m",
+            "gateway",
+            "serve",
+            "--port",
+            str(port),
+            "--data-dir",
+            str(tmp_path / "data"),
+            *args,
+        ],
         env=env,
         stderr=subprocess.PIPE,
         text=True,
     )
+    _wait_ready(port, proc)
+    return proc, port
+
+
+def test_serve_with_embedded_redis(tmp_path) -> None:
+    proc, port = _serve(tmp_path)
+    data_dir = tmp_path / "data"
     try:
-        _wait_ready(port, proc)
         base = f"http://127.0.0.1:{port}/v1/stream/cli"
         put = urllib.request.Request(base, data=b"hi", method="PUT", headers={"Content-Type": "text/plain"})
         with urllib.request.urlopen(put) as r:
@@ -65,6 +81,58 @@ def test_serve_with_embedded_redis(tmp_path) -> None:
         proc.wait(20)
     assert not (data_dir / "redis.sock").exists()  # the embedded Redis was stopped too
     assert any(p.name.startswith("appendonly") for p in data_dir.iterdir())
+
+
+def test_workers_share_one_port(tmp_path) -> None:
+    proc, port = _serve(tmp_path, "--workers", "2")
+    try:
+        children = subprocess.run(
+            ["pgrep", "-P", str(proc.pid)], capture_output=True, text=True
+        ).stdout.split()
+        workers = [c for c in children if "redis" not in open(f"/proc/{c}/cmdline").read()]
+        assert len(workers) == 2
+        base = f"http://127.0.0.1:{port}/v1/stream/workers"
+        put = urllib.request.Request(base, data=b"a", method="PUT", headers={"Content-Type": "text/plain"})
+        with urllib.request.urlopen(put) as r:
+            assert r.status == 201
+        for _ in range(20):  # connections land on either worker; all see one Redis
+            post = urllib.request.Request(
+                base, data=b"b", method="POST", headers={"Content-Type": "text/plain"}
+            )
+            with urllib.request.urlopen(post) as r:
+                assert r.status == 204
+        with urllib.request.urlopen(base) as r:
+            assert r.read() == b"a" + b"b" * 20
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(40) == 0
+
+
+async def test_sigterm_ends_live_reads_cleanly(tmp_path) -> None:
+    """On SIGTERM, SSE ends with a control event carrying the offset and
+    long-polls get their normal empty answer, well before their timeouts."""
+    import asyncio
+
+    import aiohttp
+
+    proc, port = _serve(tmp_path, "--long-poll-timeout", "30", "--sse-cycle-seconds", "60")
+    base = f"http://127.0.0.1:{port}/v1/stream/drain"
+    try:
+        async with aiohttp.ClientSession() as http:
+            await http.put(base, data=b"x", headers={"Content-Type": "text/plain"})
+            poll = asyncio.create_task(http.get(base, params={"offset": "now", "live": "long-poll"}))
+            sse = await http.get(base, params={"offset": "-1", "live": "sse"})
+            await sse.content.readuntil(b"upToDate")
+            await asyncio.sleep(0.3)
+            proc.send_signal(signal.SIGTERM)
+            rest = (await asyncio.wait_for(sse.content.read(), 10)).decode()
+            r = await asyncio.wait_for(poll, 10)
+            assert r.status == 204
+            assert r.headers["Stream-Next-Offset"] == "0000000000000000_0000000000000001"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(20)
+    assert "event: control" in rest and "0000000000000000_0000000000000001" in rest
 
 
 def test_require_durable_refuses_risky_redis(tmp_path) -> None:

@@ -1,0 +1,25 @@
+"""gunicorn settings for the gateway (``durable-streams serve --workers N`` uses them).
+
+Run gunicorn directly with an external Redis:
+
+    DURABLE_STREAMS_REDIS_URL=redis://redis:6379/0 DURABLE_STREAMS_WORKERS=4 \\
+        gunicorn -c python:gateway.gunicorn_conf gateway.app:app_from_env
+
+Sizing: one worker per core is the usual start; each worker holds one pub/sub
+connection and a small Redis pool, and serves thousands of idle SSE/long-poll
+connections. Each connection is a file descriptor: raise ``ulimit -n`` to
+(expected connections per worker x 1.2) or more.
+"""
+
+import os
+
+_env = os.environ.get
+bind = f"{_env('DURABLE_STREAMS_HOST', '127.0.0.1')}:{_env('DURABLE_STREAMS_PORT', '4437')}"
+workers = int(_env("DURABLE_STREAMS_WORKERS", "1"))
+worker_class = "aiohttp.GunicornUVLoopWebWorker"
+# On SIGTERM, live responses end at once (SSE with a final control event,
+# long-polls with their empty answer); in-flight writes get this long to finish.
+graceful_timeout = 30
+timeout = 60  # a worker silent this long is restarted
+keepalive = 75  # longer than common load-balancer idle timeouts
+accesslog = None
