@@ -15,7 +15,7 @@ from .context import GATEWAY, Gateway
 from .errors import ProtocolError
 from .fanout import Fanout
 from .responses import SECURITY
-from .store import Store
+from .store import UNAVAILABLE, Store
 
 log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -28,11 +28,7 @@ async def protocol_errors(request: web.Request, handler: Handler) -> web.StreamR
         return await handler(request)
     except ProtocolError as exc:
         return web.Response(status=exc.status, text=exc.message + "\n", headers=exc.headers)
-    except (
-        redis.exceptions.ConnectionError,
-        redis.exceptions.TimeoutError,
-        redis.exceptions.BusyLoadingError,
-    ) as exc:
+    except UNAVAILABLE as exc:
         log.warning("redis unavailable: %s", exc)
         return web.Response(status=503, text="storage unavailable, retry\n", headers={"Retry-After": "1"})
     except redis.exceptions.ResponseError as exc:  # e.g. OOM at maxmemory: Redis refused the write

@@ -12,20 +12,32 @@ from .context import Gateway
 from .errors import ProtocolError
 from .headers import STREAM_SSE_DATA_ENCODING, is_text
 from .sse import comment, control_event, data_event
-from .store import Chunk
+from .store import UNAVAILABLE, Chunk
+
+_RETRY_SECONDS = 0.25
 
 
 async def long_poll(
     request: web.Request, gw: Gateway, sid: str, start: int | None, cursor: str
 ) -> web.Response:
-    """Data now if there is any (or the stream is closed), else wait for an append."""
+    """Data now if there is any (or the stream is closed), else wait for an append.
+
+    If Redis goes away while we wait, we keep trying until the timeout and then
+    answer with the last tail we knew; the client simply polls again.
+    """
     chunk = await gw.store.read_shared(sid, start)
     if not chunk.entries and not chunk.meta.closed:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + gw.settings.long_poll_timeout
         async with gw.fanout.watch(sid) as watch:
             while True:
-                chunk = await gw.store.read_shared(sid, chunk.start)  # after subscribing: nothing slips by
+                try:  # after subscribing: nothing slips by
+                    chunk = await gw.store.read_shared(sid, chunk.start)
+                except UNAVAILABLE:
+                    if loop.time() >= deadline or watch.stopping:
+                        break
+                    await asyncio.sleep(_RETRY_SECONDS)
+                    continue
                 if chunk.entries or chunk.meta.closed:
                     break
                 if not await watch.wait(deadline - loop.time()):
@@ -44,8 +56,9 @@ async def sse(
     """An event stream: data events, each followed by a control event.
 
     Ends when the stream closes (after the final control event), when the
-    reconnect cycle is up (clients resume from the last control event), or
-    on shutdown.
+    reconnect cycle is up, or on shutdown; the last two end with a control
+    event saying where to resume. A Redis outage does not end it: reads are
+    retried, and the fan-out wakes every reader once Redis is back.
     """
     chunk = await gw.store.read_shared(sid, start)  # 404 and friends before the stream starts
     text = is_text(chunk.meta.content_type)
@@ -57,38 +70,37 @@ async def sse(
     settings = gw.settings
     loop = asyncio.get_running_loop()
     deadline = loop.time() + settings.sse_cycle_seconds
-    position = chunk.start
+
+    def control(chunk: Chunk) -> bytes:
+        return control_event(
+            offsets.encode(chunk.end), cursor=cursor, up_to_date=chunk.up_to_date, closed=chunk.eof
+        )
 
     async def send(chunk: Chunk) -> None:
         frames = data_event(chunk.body(), text=text) if chunk.entries else b""
-        frames += control_event(
-            offsets.encode(chunk.end), cursor=cursor, up_to_date=chunk.up_to_date, closed=chunk.eof
-        )
-        await response.write(frames)
+        await response.write(frames + control(chunk))
 
     try:
         async with gw.fanout.watch(sid) as watch:
             await send(chunk)
-            while not chunk.eof:
-                position = chunk.end
-                if chunk.up_to_date:
-                    remaining = deadline - loop.time()
-                    if remaining <= 0 or watch.stopping:
-                        break
-                    if not await watch.wait(min(remaining, settings.sse_heartbeat_seconds)):
-                        if watch.stopping or loop.time() >= deadline:
-                            break
-                        await response.write(comment())
+            unread = False  # woken (or a read failed) and not yet read since
+            while not chunk.eof and not watch.stopping and loop.time() < deadline:
+                if chunk.up_to_date and not unread:
+                    if not await watch.wait(min(deadline - loop.time(), settings.sse_heartbeat_seconds)):
+                        if not watch.stopping and loop.time() < deadline:
+                            await response.write(comment())
                         continue
-                chunk = await gw.store.read_shared(sid, position)
+                try:
+                    chunk = await gw.store.read_shared(sid, chunk.end)
+                except UNAVAILABLE:
+                    unread = True
+                    await asyncio.sleep(_RETRY_SECONDS)
+                    continue
+                unread = False
                 if chunk.entries or chunk.eof:
                     await send(chunk)
             if not chunk.eof:  # cycle over or shutting down: say where to resume
-                await response.write(
-                    control_event(
-                        offsets.encode(chunk.end), cursor=cursor, up_to_date=chunk.up_to_date, closed=False
-                    )
-                )
+                await response.write(control(chunk))
     except ProtocolError:
         pass  # deleted or expired mid-stream: end the event stream
     except (ConnectionResetError, asyncio.CancelledError):

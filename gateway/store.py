@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+import redis.exceptions
 from redis.asyncio import Redis
 
 from . import keys, offsets
@@ -32,6 +33,12 @@ from .jsonmode import to_array
 from .scripts import Scripts
 from .singleflight import SingleFlight
 
+# Errors that mean "Redis is not reachable right now" (as opposed to a bad request).
+UNAVAILABLE = (
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    redis.exceptions.BusyLoadingError,
+)
 _UNLIMITED = 2**50
 Segment = tuple[str, int, int]  # (stream id, from position, to position), to exclusive
 

@@ -82,7 +82,8 @@ async def redis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
 
 
 async def start_gateway(redis_url: str, **overrides: object) -> TestServer:
-    settings = Settings(long_poll_timeout=2.0, sse_heartbeat_seconds=1.0, **overrides)  # type: ignore[arg-type]
+    options: dict = {"long_poll_timeout": 2.0, "sse_heartbeat_seconds": 1.0, **overrides}
+    settings = Settings(**options)
     server = TestServer(create_app(settings, redis_url), host="127.0.0.1", port=free_port())
     await server.start_server()
     return server

@@ -137,3 +137,39 @@ async def test_redis_reads_per_append_do_not_grow_with_readers(
         r.close()
     reads = calls - appends
     assert reads <= 2 * appends, f"{reads} script reads for {appends} appends with 50 readers"
+
+
+async def test_live_readers_survive_a_redis_restart(http: aiohttp.ClientSession, tmp_path) -> None:
+    """SIGKILL Redis under waiting SSE and long-poll readers, restart it: each
+    reader gets every byte once, in order, with no reconnect of its own."""
+    from .conftest import own_redis_server
+
+    with own_redis_server(tmp_path) as redis_server:
+        gateway = await start_gateway(redis_server.url, long_poll_timeout=15.0)
+        url = str(gateway.make_url("/v1/stream/restart"))
+        try:
+            await http.put(url, data=b"before;", headers=TEXT)
+            sse = await http.get(url, params={"offset": "-1", "live": "sse"})
+            assert ("data", "before;") in await read_sse(sse, "upToDate")
+            poll = asyncio.create_task(
+                http.get(url, params={"offset": offsets.encode(7), "live": "long-poll"})
+            )
+            await asyncio.sleep(0.3)
+
+            redis_server.kill()
+            await asyncio.sleep(1.0)
+            redis_server.start()
+            for _ in range(50):  # the writer retries until the gateway reaches Redis again
+                async with http.post(url, data=b"after;", headers=TEXT) as r:
+                    if r.status == 204:
+                        break
+                    assert r.status == 503
+                await asyncio.sleep(0.1)
+            r = await asyncio.wait_for(poll, 10)
+            assert r.status == 200 and await r.read() == b"after;"
+            await http.post(url, headers={"Stream-Closed": "true"})
+            events = await asyncio.wait_for(read_sse(sse, "streamClosed"), 10)
+            assert [d for kind, d in events if kind == "data"] == ["after;"]
+            sse.close()
+        finally:
+            await gateway.close()
