@@ -86,10 +86,13 @@ def test_serve_with_embedded_redis(tmp_path) -> None:
 def test_workers_share_one_port(tmp_path) -> None:
     proc, port = _serve(tmp_path, "--workers", "2")
     try:
-        children = subprocess.run(
-            ["pgrep", "-P", str(proc.pid)], capture_output=True, text=True
-        ).stdout.split()
-        workers = [c for c in children if "redis" not in open(f"/proc/{c}/cmdline").read()]
+        workers: list[str] = []
+        for _ in range(100):  # the first worker may answer before the second has booted
+            children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True)
+            workers = [c for c in children.stdout.split() if "redis" not in open(f"/proc/{c}/cmdline").read()]
+            if len(workers) == 2:
+                break
+            time.sleep(0.1)
         assert len(workers) == 2
         base = f"http://127.0.0.1:{port}/v1/stream/workers"
         put = urllib.request.Request(base, data=b"a", method="PUT", headers={"Content-Type": "text/plain"})
