@@ -77,7 +77,7 @@ def create_app(settings: Settings, redis_url: str) -> web.Application:
     async def startup(app: web.Application) -> None:
         client = aioredis.Redis.from_url(redis_url, decode_responses=False, health_check_interval=30)
         pubsub_client = aioredis.Redis.from_url(redis_url, decode_responses=False)
-        store = Store(client, settings.max_chunk_bytes)
+        store = Store(client, settings.max_chunk_bytes, settings.notice_payload_bytes)
         await client.ping()
         await durability.check(client, require=settings.require_durable)
         await store.scripts.load()

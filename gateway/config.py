@@ -26,6 +26,7 @@ class Settings:
     long_poll_timeout: float = 20.0
     sse_cycle_seconds: float = 60.0
     sse_heartbeat_seconds: float = 15.0
+    notice_payload_bytes: int = 8192
     require_durable: bool = False
     workers: int = 1
     log_level: str = "info"
@@ -44,6 +45,8 @@ HELP = {
     "long_poll_timeout": "seconds a long-poll waits for data before answering 204",
     "sse_cycle_seconds": "seconds after which an SSE response ends so clients reconnect (CDN collapsing)",
     "sse_heartbeat_seconds": "seconds between SSE comment lines on an idle connection",
+    "notice_payload_bytes": "appends up to this size travel inside the pub/sub notice, so live "
+    "readers get them without a Redis read (0: always read)",
     "require_durable": "refuse to start when the Redis could lose acknowledged writes "
     "(appendonly off, or appendfsync not 'always')",
     "workers": "worker processes sharing the port (more than 1 runs under gunicorn)",

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
 
-from . import keys
+from . import keys, notices
 
 log = logging.getLogger(__name__)
 _CONFIRM_WAIT_SECONDS = 5.0
@@ -32,14 +32,21 @@ class _Channel:
     confirmed: asyncio.Future[None]
     waiters: set[asyncio.Event] = field(default_factory=set)
     idle_since: float | None = None
+    recent: notices.Recent = field(default_factory=notices.Recent)
 
 
 class Watch:
     """A reader's registration: ``wait`` returns True when the stream moved."""
 
-    def __init__(self, fanout: Fanout, event: asyncio.Event) -> None:
+    def __init__(self, fanout: Fanout, channel: _Channel, event: asyncio.Event) -> None:
         self._fanout = fanout
+        self._channel = channel
         self._event = event
+
+    def delivery(self, start: int) -> notices.Delivery | None:
+        """What the latest notices say happened from ``start`` on, when they
+        say all of it (small appends, nothing missed); else None: read Redis."""
+        return self._channel.recent.delivery(start)
 
     @property
     def stopping(self) -> bool:
@@ -104,7 +111,7 @@ class Fanout:
             with contextlib.suppress(asyncio.TimeoutError):
                 # Without Redis we cannot be woken; the reader's own timeout still ends its wait.
                 await asyncio.wait_for(asyncio.shield(channel.confirmed), _CONFIRM_WAIT_SECONDS)
-            yield Watch(self, event)
+            yield Watch(self, channel, event)
         finally:
             channel.waiters.discard(event)
             if not channel.waiters:
@@ -125,8 +132,12 @@ class Fanout:
         channel = self._channels.get(name)
         if channel is None:
             return
-        if message["type"] == "subscribe" and not channel.confirmed.done():
-            channel.confirmed.set_result(None)
+        if message["type"] == "subscribe":
+            channel.recent.clear()  # what was published while we were away is unknown
+            if not channel.confirmed.done():
+                channel.confirmed.set_result(None)
+        elif message["type"] == "message":
+            channel.recent.add(notices.parse(message["data"]))
         if message["type"] in ("message", "subscribe"):
             for event in channel.waiters:
                 event.set()
@@ -173,6 +184,7 @@ class Fanout:
                     await pubsub.aclose()
                 # Every channel must be confirmed again; readers wake on that confirmation.
                 for channel in self._channels.values():
+                    channel.recent.clear()
                     if channel.confirmed.done():
                         channel.confirmed = asyncio.get_running_loop().create_future()
                 await asyncio.sleep(backoff)

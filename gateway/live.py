@@ -4,17 +4,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from dataclasses import replace
 
 from aiohttp import web
 
 from . import caching, offsets, responses
 from .context import Gateway
 from .errors import ProtocolError
+from .fanout import Watch
 from .headers import STREAM_SSE_DATA_ENCODING, is_text
 from .sse import comment, control_event, data_event
 from .store import UNAVAILABLE, Chunk
 
 _RETRY_SECONDS = 0.25
+
+
+async def _after(gw: Gateway, sid: str, watch: Watch, chunk: Chunk) -> Chunk:
+    """What follows ``chunk``: straight from the pub/sub notices when they carry
+    all of it (small appends, nothing missed), else one read shared with this
+    process's other readers at the same offset."""
+    delivery = watch.delivery(chunk.end)
+    if delivery is None:
+        return await gw.store.read_shared(sid, chunk.end)
+    meta = replace(chunk.meta, tail=max(chunk.meta.tail, delivery.tail), closed=delivery.closed)
+    return Chunk(meta, delivery.start, list(delivery.entries), cache=delivery.cache)
 
 
 async def long_poll(
@@ -30,14 +43,20 @@ async def long_poll(
         loop = asyncio.get_running_loop()
         deadline = loop.time() + gw.settings.long_poll_timeout
         async with gw.fanout.watch(sid) as watch:
+            recheck = True  # after subscribing, look once more: nothing slips by
             while True:
-                try:  # after subscribing: nothing slips by
-                    chunk = await gw.store.read_shared(sid, chunk.start)
+                try:
+                    if recheck:
+                        chunk = await gw.store.read_shared(sid, chunk.start)
+                    else:
+                        chunk = await _after(gw, sid, watch, chunk)
                 except UNAVAILABLE:
                     if loop.time() >= deadline or watch.stopping:
                         break
+                    recheck = True
                     await asyncio.sleep(_RETRY_SECONDS)
                     continue
+                recheck = False
                 if chunk.entries or chunk.meta.closed:
                     break
                 if not await watch.wait(deadline - loop.time()):
@@ -77,7 +96,10 @@ async def sse(
         )
 
     async def send(chunk: Chunk) -> None:
-        frames = data_event(chunk.body(), text=text) if chunk.entries else b""
+        frames = b""
+        if chunk.entries:  # encoded once, however many readers this chunk reaches
+            key = ("sse", text)
+            frames = chunk.cache.get(key) or chunk.cache.setdefault(key, data_event(chunk.body(), text=text))
         await response.write(frames + control(chunk))
 
     try:
@@ -91,7 +113,7 @@ async def sse(
                             await response.write(comment())
                         continue
                 try:
-                    chunk = await gw.store.read_shared(sid, chunk.end)
+                    chunk = await _after(gw, sid, watch, chunk)
                 except UNAVAILABLE:
                     unread = True
                     await asyncio.sleep(_RETRY_SECONDS)

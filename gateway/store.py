@@ -96,6 +96,8 @@ class Chunk:
     meta: Meta
     start: int
     entries: list[tuple[int, bytes]] = field(default_factory=list)
+    # Encoded responses, shared by the readers a shared read or notice reaches.
+    cache: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def end(self) -> int:
@@ -146,10 +148,11 @@ def _not_found(status: str) -> ProtocolError:
 
 
 class Store:
-    def __init__(self, redis: Redis, max_chunk_bytes: int) -> None:
+    def __init__(self, redis: Redis, max_chunk_bytes: int, notice_payload_bytes: int = 8192) -> None:
         self.redis = redis
         self.scripts = Scripts(redis)
         self.max_chunk_bytes = max_chunk_bytes
+        self.notice_payload_bytes = notice_payload_bytes
         self._shared_reads: SingleFlight[Chunk] = SingleFlight()
 
     async def _call(self, name: str, sid: str, *args: Any) -> Any:
@@ -300,6 +303,7 @@ class Store:
             producer.id if producer else "",
             producer.epoch if producer else "",
             producer.seq if producer else "",
+            self.notice_payload_bytes,
             *entries,
         )
         status = _text(result[0])

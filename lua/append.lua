@@ -2,7 +2,10 @@
 -- producer checks, committed together with the data.
 -- ARGV: 1 request content type normalized ('' when the body is empty),
 --   2 '1' to close after appending, 3 Stream-Seq ('' none), 4 producer id
---   ('' none), 5 producer epoch, 6 producer seq, 7.. entries (none = close-only).
+--   ('' none), 5 producer epoch, 6 producer seq, 7 largest append (bytes)
+--   whose data rides along in the notice, 8.. entries (none = close-only).
+-- Publishes on the notify channel "<old tail> <new tail> <closed 0|1>", plus
+--   for small appends " <len>,<len>,...\n<data><data>..." (gateway/notices.py).
 -- Returns {status, ...}:
 --   {'ok', tail, closed}            appended / closed
 --   {'dup', tail, closed, epoch, seq} producer retry, already applied
@@ -11,7 +14,7 @@
 --   {'stale_epoch', epoch}  {'seq_gap', expected, received}
 --   {'missing'} {'gone'}
 local ctn, close, sseq, pid = ARGV[1], ARGV[2] == '1', ARGV[3], ARGV[4]
-local has_data = #ARGV >= 7
+local has_data = #ARGV >= 8
 local now = now_ms()
 local m = load_meta()
 local status = resolve(m, now)
@@ -45,7 +48,8 @@ if tuple then
 end
 if sseq ~= '' and m.seq and not bytes_less(m.seq, sseq) then return {'seq_regress'} end
 
-local fields = {'tail', fmt(add_entries(m, 7, now))}
+local old_tail = m.tail
+local fields = {'tail', fmt(add_entries(m, 8, now))}
 if sseq ~= '' then fields[#fields + 1] = 'seq'; fields[#fields + 1] = sseq end
 if close then
   fields[#fields + 1] = 'closed'; fields[#fields + 1] = '1'
@@ -55,5 +59,11 @@ redis.call('HSET', META, unpack(fields))
 if tuple then redis.call('HSET', PROD, pid, ARGV[5] .. ':' .. ARGV[6]) end
 touch(m, now, 0)
 if m.exp and not m.ttl then apply_expiry(m) end
-redis.call('PUBLISH', CHANNEL, fields[2] .. (close and ' closed' or ''))
+local notice = old_tail .. ' ' .. fields[2] .. (close and ' 1' or ' 0')
+if has_data and tonumber(fields[2]) - tonumber(old_tail) <= tonumber(ARGV[7]) then
+  local lengths = {}
+  for i = 8, #ARGV do lengths[#lengths + 1] = #ARGV[i] end
+  notice = notice .. ' ' .. table.concat(lengths, ',') .. '\n' .. table.concat(ARGV, '', 8)
+end
+redis.call('PUBLISH', CHANNEL, notice)
 return {'ok', fields[2], close and '1' or '0'}

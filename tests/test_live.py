@@ -136,7 +136,37 @@ async def test_redis_reads_per_append_do_not_grow_with_readers(
     for r in readers:
         r.close()
     reads = calls - appends
-    assert reads <= 2 * appends, f"{reads} script reads for {appends} appends with 50 readers"
+    # Small appends ride in the notice: woken readers need no read at all.
+    assert reads <= 1, f"{reads} script reads for {appends} appends with 50 readers"
+
+
+async def test_without_payload_notices_readers_share_one_read(
+    http: aiohttp.ClientSession, redis_url: str, redis
+) -> None:
+    """Appends too large to ride in the notice (here: all of them): the woken
+    readers of one gateway share one Redis read per append."""
+    gateway = await start_gateway(redis_url, notice_payload_bytes=0)
+    url = str(gateway.make_url("/v1/stream/no-payload"))
+    try:
+        await http.delete(url)
+        await http.put(url, headers=TEXT)
+        readers = [await http.get(url, params={"offset": "-1", "live": "sse"}) for _ in range(20)]
+        for r in readers:
+            await read_sse(r, "upToDate")
+        await asyncio.sleep(0.2)
+        before = await evalsha_calls(redis)
+        appends = 5
+        for i in range(appends):
+            await http.post(url, data=f"big{i};".encode(), headers=TEXT)
+            for r in readers:
+                events = await asyncio.wait_for(read_sse(r, "streamNextOffset"), 2)
+                assert ("data", f"big{i};") in events
+        reads = await evalsha_calls(redis) - before - appends
+        for r in readers:
+            r.close()
+        assert 1 <= reads <= 2 * appends
+    finally:
+        await gateway.close()
 
 
 async def test_live_readers_survive_a_redis_restart(http: aiohttp.ClientSession, tmp_path) -> None:

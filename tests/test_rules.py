@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from gateway import caching, cursor, durability, keys, offsets, sse
+from gateway import caching, cursor, durability, keys, notices, offsets, sse
 from gateway.errors import ProtocolError
 from gateway.headers import (
     is_text,
@@ -195,3 +195,32 @@ def test_durability_assessment() -> None:
     assert durability.assess("yes", "always") is None
     assert "everysec" in (durability.assess("yes", "everysec") or "")
     assert "appendonly is off" in (durability.assess("no", "always") or "")
+
+
+class TestNotices:
+    def test_parse_with_and_without_payload(self) -> None:
+        n = notices.parse(b"5 12 0 3,4\nabcdefg")
+        assert n == notices.Notice(5, 12, False, ((5, b"abc"), (8, b"defg")))
+        assert notices.parse(b"5 99 0") == notices.Notice(5, 99, False, None)
+        assert notices.parse(b"7 7 1") == notices.Notice(7, 7, True, ())
+        for bad in (b"deleted", b"5 12 0 3,4\nabc", b"x y z", b""):
+            assert notices.parse(bad) is None
+
+    def test_stitch_needs_an_unbroken_run_with_data(self) -> None:
+        a = notices.Notice(0, 2, False, ((0, b"ab"),))
+        b = notices.Notice(2, 3, False, ((2, b"c"),))
+        close = notices.Notice(3, 3, True, ())
+        d = notices.stitch([a, b, close], 0)
+        assert d is not None and d.entries == ((0, b"ab"), (2, b"c")) and d.tail == 3 and d.closed
+        assert notices.stitch([a, b], 2).entries == ((2, b"c"),)
+        assert notices.stitch([b], 0) is None  # missed the notice for 0..2
+        assert notices.stitch([a, notices.Notice(2, 50, False, None)], 0) is None  # too big to carry
+        assert notices.stitch([a], 1) is None  # reader inside a notice
+        assert notices.stitch([], 0) is None
+
+    def test_recent_forgets_on_unknown_messages(self) -> None:
+        recent = notices.Recent()
+        recent.add(notices.Notice(0, 1, False, ((0, b"x"),)))
+        assert recent.delivery(0) is recent.delivery(0)  # shared between readers
+        recent.add(None)
+        assert recent.delivery(0) is None
