@@ -9,7 +9,7 @@ python3 -m venv .venv 2>/dev/null || true
 .venv/bin/python -m pip install -q -e ".[test]"
 
 echo "== ruff"
-.venv/bin/ruff check gateway tests
+.venv/bin/ruff check gateway tests loadtest
 
 echo "== conformance suite (@durable-streams/server-conformance-tests)"
 .venv/bin/python tests/conformance/run.py

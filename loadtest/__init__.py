@@ -1,0 +1,1 @@
+"""Benchmarks (not tests): they print numbers and write JSON and plots."""

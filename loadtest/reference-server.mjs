@@ -1,0 +1,8 @@
+// The npm reference server for side-by-side runs.
+// usage: node reference-server.mjs <port> [dataDir]   (dataDir: file-backed, its durable mode)
+import { DurableStreamTestServer } from "@durable-streams/server"
+
+const [port, dataDir] = process.argv.slice(2)
+const server = new DurableStreamTestServer({ port: Number(port), host: "127.0.0.1", dataDir })
+await server.start()
+console.log(`reference server on ${server.url}${dataDir ? ` (file-backed in ${dataDir})` : " (in memory)"}`)

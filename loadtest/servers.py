@@ -1,0 +1,111 @@
+"""Start the servers a benchmark compares, on loopback ports of their own.
+
+``ours``: our gateway (one process) on an embedded Redis with AOF fsync on
+every write. ``reference``: the npm reference server, file-backed (its durable
+mode); ``reference-memory``: the same in memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+KINDS = ("ours", "reference", "reference-memory")
+
+
+@dataclass
+class Running:
+    name: str
+    base_url: str  # up to and including the stream prefix
+    pid: int  # the process serving HTTP, for CPU and memory readings
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_http(url: str, proc: subprocess.Popen, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            urllib.request.urlopen(url, timeout=1)
+            return
+        except urllib.error.HTTPError:
+            return  # it answers
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError(f"no answer from {url}")
+
+
+def _ensure_reference_installed() -> None:
+    if not (HERE / "node_modules" / "@durable-streams" / "server").exists():
+        subprocess.run(
+            ["npm", "install", "--no-package-lock", "--no-audit", "--no-fund"], cwd=HERE, check=True
+        )
+
+
+@contextlib.contextmanager
+def start(kind: str, *extra_args: str) -> Iterator[Running]:
+    port = free_port()
+    data_dir = tempfile.mkdtemp(prefix=f"ds-bench-{kind}-")
+    if kind == "ours":
+        cmd = [sys.executable, "-m", "gateway", "serve", "--port", str(port), "--data-dir", data_dir,
+               "--log-level", "warning", *extra_args]  # fmt: skip
+        check = f"http://127.0.0.1:{port}/healthz"
+    elif kind.startswith("reference"):
+        _ensure_reference_installed()
+        cmd = ["node", "reference-server.mjs", str(port)] + ([data_dir] if kind == "reference" else [])
+        check = f"http://127.0.0.1:{port}/v1/stream/__probe"
+    else:
+        raise ValueError(f"unknown server {kind!r}; one of {KINDS}")
+    proc = subprocess.Popen(cmd, cwd=HERE if kind != "ours" else None, stdout=subprocess.DEVNULL)
+    try:
+        _wait_http(check, proc)
+        yield Running(kind, f"http://127.0.0.1:{port}/v1/stream", proc.pid)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+class ProcessMeter:
+    """CPU seconds and resident memory of one process (Linux /proc)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._cpu0 = self.cpu_seconds()
+        self.peak_rss_mb = self.rss_mb()
+
+    def cpu_seconds(self) -> float:
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+    def rss_mb(self) -> float:
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        return 0.0
+
+    def sample(self) -> None:
+        self.peak_rss_mb = max(self.peak_rss_mb, self.rss_mb())
+
+    def cpu_used(self) -> float:
+        return self.cpu_seconds() - self._cpu0
