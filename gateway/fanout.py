@@ -55,10 +55,12 @@ class Watch:
     async def wait(self, timeout: float) -> bool:
         if self._fanout.stopping:
             return False
-        try:
-            await asyncio.wait_for(self._event.wait(), timeout)
-        except TimeoutError:
-            return False
+        if not self._event.is_set():
+            try:
+                async with asyncio.timeout(timeout):  # no extra task per wait, unlike wait_for
+                    await self._event.wait()
+            except TimeoutError:
+                return False
         self._event.clear()
         return not self._fanout.stopping
 

@@ -26,8 +26,12 @@ async def _after(gw: Gateway, sid: str, watch: Watch, chunk: Chunk) -> Chunk:
     delivery = watch.delivery(chunk.end)
     if delivery is None:
         return await gw.store.read_shared(sid, chunk.end)
-    meta = replace(chunk.meta, tail=max(chunk.meta.tail, delivery.tail), closed=delivery.closed)
-    return Chunk(meta, delivery.start, list(delivery.entries), cache=delivery.cache)
+    key = ("chunk", chunk.meta.sid, chunk.meta.created)  # one Chunk for all readers it reaches
+    shared = delivery.cache.get(key)
+    if shared is None:
+        meta = replace(chunk.meta, tail=max(chunk.meta.tail, delivery.tail), closed=delivery.closed)
+        shared = delivery.cache[key] = Chunk(meta, delivery.start, list(delivery.entries))
+    return shared
 
 
 async def long_poll(
@@ -96,11 +100,12 @@ async def sse(
         )
 
     async def send(chunk: Chunk) -> None:
-        frames = b""
-        if chunk.entries:  # encoded once, however many readers this chunk reaches
-            key = ("sse", text)
-            frames = chunk.cache.get(key) or chunk.cache.setdefault(key, data_event(chunk.body(), text=text))
-        await response.write(frames + control(chunk))
+        key = ("sse", text, cursor)  # encoded once, however many readers this chunk reaches
+        frames = chunk.cache.get(key)
+        if frames is None:
+            frames = data_event(chunk.body(), text=text) if chunk.entries else b""
+            frames = chunk.cache[key] = frames + control(chunk)
+        await response.write(frames)
 
     try:
         async with gw.fanout.watch(sid) as watch:
