@@ -9,6 +9,12 @@ loop) reconnects and resubscribes; every subscribe confirmation wakes that
 channel's readers to re-read, covering whatever was published meanwhile.
 Subscriptions linger a while after their last reader leaves, so a long-poll
 client that comes straight back finds its stream still subscribed.
+
+A reader that is caught up can *park* a Sink while it waits: for a notice
+that carries its data and starts at the sink's position, the listener writes
+to the sink itself (one frame built per notice, one socket write per reader)
+and the reader's task is not woken at all. Anything else (a gap, a large
+append, a slow client, a closed stream) wakes the task, which then reads.
 """
 
 from __future__ import annotations
@@ -16,8 +22,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Hashable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from redis.asyncio import Redis
 
@@ -27,12 +34,44 @@ log = logging.getLogger(__name__)
 _CONFIRM_WAIT_SECONDS = 5.0
 
 
+class Sink(Protocol):
+    """A parked reader the listener may write to directly."""
+
+    position: int  # where the reader is; advanced by the listener as it writes
+    closed: bool  # set by the listener when it wrote the stream's end
+    key: Hashable  # sinks with equal keys get identical frames for a notice
+
+    def frame(self, notice: notices.Notice) -> bytes: ...
+    def writable(self) -> bool: ...
+    def write(self, frame: bytes) -> None: ...
+
+
 @dataclass
 class _Channel:
     confirmed: asyncio.Future[None]
     waiters: set[asyncio.Event] = field(default_factory=set)
     idle_since: float | None = None
     recent: notices.Recent = field(default_factory=notices.Recent)
+    parked: dict[asyncio.Event, Sink] = field(default_factory=dict)
+
+    def deliver(self, notice: notices.Notice | None) -> None:
+        """Serve parked sinks from a notice; wake every other waiter."""
+        frames: dict[Hashable, bytes] = {}
+        for event in self.waiters:
+            sink = self.parked.get(event)
+            if sink is None or notice is None or notice.entries is None:
+                event.set()
+            elif sink.position != notice.old_tail or not sink.writable():
+                event.set()  # behind, or a slow client: its task takes over
+            else:
+                frame = frames.get(sink.key)
+                if frame is None:
+                    frame = frames[sink.key] = sink.frame(notice)
+                sink.write(frame)
+                sink.position = notice.tail
+                if notice.closed:
+                    sink.closed = True
+                    event.set()
 
 
 class Watch:
@@ -47,6 +86,14 @@ class Watch:
         """What the latest notices say happened from ``start`` on, when they
         say all of it (small appends, nothing missed); else None: read Redis."""
         return self._channel.recent.delivery(start)
+
+    async def park(self, sink: Sink, timeout: float) -> bool:
+        """``wait``, letting the listener write small appends to ``sink`` meanwhile."""
+        self._channel.parked[self._event] = sink
+        try:
+            return await self.wait(timeout)
+        finally:
+            del self._channel.parked[self._event]
 
     @property
     def stopping(self) -> bool:
@@ -138,11 +185,12 @@ class Fanout:
             channel.recent.clear()  # what was published while we were away is unknown
             if not channel.confirmed.done():
                 channel.confirmed.set_result(None)
-        elif message["type"] == "message":
-            channel.recent.add(notices.parse(message["data"]))
-        if message["type"] in ("message", "subscribe"):
             for event in channel.waiters:
                 event.set()
+        elif message["type"] == "message":
+            notice = notices.parse(message["data"])
+            channel.recent.add(notice)
+            channel.deliver(notice)
 
     async def _drop_idle(self, pubsub) -> None:
         now = asyncio.get_running_loop().time()

@@ -6,17 +6,52 @@ import asyncio
 import contextlib
 from dataclasses import replace
 
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 
 from . import caching, offsets, responses
 from .context import Gateway
 from .errors import ProtocolError
 from .fanout import Watch
 from .headers import STREAM_SSE_DATA_ENCODING, is_text
+from .jsonmode import to_array
+from .notices import Notice
 from .sse import comment, control_event, data_event
 from .store import UNAVAILABLE, Chunk
 
 _RETRY_SECONDS = 0.25
+_SINK_BUFFER_LIMIT = 256 * 1024  # a client this far behind is served by its own task
+
+
+class _SseSink:
+    """A caught-up SSE response the fan-out writes small appends to directly."""
+
+    __slots__ = ("position", "closed", "key", "_transport", "_text", "_json", "_cursor", "_chunked")
+
+    def __init__(
+        self, transport: asyncio.Transport, *, text: bool, is_json: bool, cursor: str, chunked: bool
+    ):
+        self.position = 0
+        self.closed = False
+        self.key = (text, is_json, cursor, chunked)
+        self._transport = transport
+        self._text, self._json, self._cursor, self._chunked = text, is_json, cursor, chunked
+
+    def frame(self, notice: Notice) -> bytes:
+        datas = [data for _, data in notice.entries or ()]
+        frame = (
+            data_event(to_array(datas) if self._json else b"".join(datas), text=self._text) if datas else b""
+        )
+        frame += control_event(
+            offsets.encode(notice.tail), cursor=self._cursor, up_to_date=True, closed=notice.closed
+        )
+        return b"%x\r\n%b\r\n" % (len(frame), frame) if self._chunked else frame
+
+    def writable(self) -> bool:
+        t = self._transport
+        return not t.is_closing() and t.get_write_buffer_size() < _SINK_BUFFER_LIMIT
+
+    def write(self, frame: bytes) -> None:
+        self._transport.write(frame)
 
 
 async def _after(gw: Gateway, sid: str, watch: Watch, chunk: Chunk) -> Chunk:
@@ -89,7 +124,12 @@ async def sse(
     if not text:
         headers[STREAM_SSE_DATA_ENCODING] = "base64"
     response = web.StreamResponse(status=200, headers=headers)
+    chunked = request.version >= HttpVersion11
+    if chunked:
+        response.enable_chunked_encoding()  # explicit: the fan-out frames its direct writes the same way
     await response.prepare(request)
+    transport = request.transport
+    assert transport is not None
     settings = gw.settings
     loop = asyncio.get_running_loop()
     deadline = loop.time() + settings.sse_cycle_seconds
@@ -110,10 +150,18 @@ async def sse(
     try:
         async with gw.fanout.watch(sid) as watch:
             await send(chunk)
+            sink = _SseSink(transport, text=text, is_json=chunk.meta.is_json, cursor=cursor, chunked=chunked)
             unread = False  # woken (or a read failed) and not yet read since
             while not chunk.eof and not watch.stopping and loop.time() < deadline:
                 if chunk.up_to_date and not unread:
-                    if not await watch.wait(min(deadline - loop.time(), settings.sse_heartbeat_seconds)):
+                    sink.position = chunk.end
+                    woke = await watch.park(sink, min(deadline - loop.time(), settings.sse_heartbeat_seconds))
+                    if sink.position != chunk.end or sink.closed:  # the fan-out wrote to us meanwhile
+                        meta = replace(chunk.meta, tail=sink.position, closed=sink.closed)
+                        chunk = Chunk(meta, sink.position)
+                    if chunk.eof:
+                        break
+                    if not woke:
                         if not watch.stopping and loop.time() < deadline:
                             await response.write(comment())
                         continue

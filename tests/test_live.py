@@ -203,3 +203,28 @@ async def test_live_readers_survive_a_redis_restart(http: aiohttp.ClientSession,
             sse.close()
         finally:
             await gateway.close()
+
+
+async def test_sse_order_holds_across_direct_and_read_paths(
+    http: aiohttp.ClientSession, redis_url: str
+) -> None:
+    """Small appends are written by the fan-out itself, larger ones read by the
+    reader's task: interleaved, every reader still sees every byte once, in order."""
+    gateway = await start_gateway(redis_url, notice_payload_bytes=6)
+    url = str(gateway.make_url("/v1/stream/mixed-paths"))
+    try:
+        await http.delete(url)
+        await http.put(url, headers=TEXT)
+        readers = [await http.get(url, params={"offset": "-1", "live": "sse"}) for _ in range(5)]
+        for r in readers:
+            await read_sse(r, "upToDate")
+        sent = [b"a;", b"bbbbbbbbbb;", b"c;", b"d;", b"eeeeeeeeeeee;", b"f;"]
+        for body in sent:
+            await http.post(url, data=body, headers=TEXT)
+        await http.post(url, headers={"Stream-Closed": "true"})
+        for r in readers:
+            events = await asyncio.wait_for(read_sse(r, "streamClosed"), 5)
+            assert "".join(d for kind, d in events if kind == "data") == b"".join(sent).decode()
+            r.close()
+    finally:
+        await gateway.close()
