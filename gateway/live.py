@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 from dataclasses import replace
 
 from aiohttp import HttpVersion11, web
@@ -14,8 +15,8 @@ from .errors import ProtocolError
 from .fanout import Watch
 from .headers import STREAM_SSE_DATA_ENCODING, is_text
 from .jsonmode import to_array
-from .notices import Notice
-from .sse import comment, control_event, data_event
+from .notices import Delivery
+from .sse import comment, control_event, events
 from .store import UNAVAILABLE, Chunk
 
 _RETRY_SECONDS = 0.25
@@ -29,21 +30,20 @@ class _SseSink:
 
     def __init__(
         self, transport: asyncio.Transport, *, text: bool, is_json: bool, cursor: str, chunked: bool
-    ):
+    ) -> None:
         self.position = 0
         self.closed = False
         self.key = (text, is_json, cursor, chunked)
         self._transport = transport
         self._text, self._json, self._cursor, self._chunked = text, is_json, cursor, chunked
 
-    def frame(self, notice: Notice) -> bytes:
-        datas = [data for _, data in notice.entries or ()]
-        frame = (
-            data_event(to_array(datas) if self._json else b"".join(datas), text=self._text) if datas else b""
-        )
-        frame += control_event(
-            offsets.encode(notice.tail), cursor=self._cursor, up_to_date=True, closed=notice.closed
-        )
+    def frame(self, delivery: Delivery) -> bytes:
+        datas = [data for _, data in delivery.entries]
+        body = (to_array(datas) if self._json else b"".join(datas)) if datas else None
+        frame = events(
+            body, offsets.encode(delivery.tail), text=self._text, cursor=self._cursor, up_to_date=True,
+            closed=delivery.closed,
+        )  # fmt: skip
         return b"%x\r\n%b\r\n" % (len(frame), frame) if self._chunked else frame
 
     def writable(self) -> bool:
@@ -132,7 +132,8 @@ async def sse(
     assert transport is not None
     settings = gw.settings
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + settings.sse_cycle_seconds
+    # Spread reconnects: clients that connected together must not all come back together.
+    deadline = loop.time() + settings.sse_cycle_seconds * random.uniform(0.75, 1.0)
 
     def control(chunk: Chunk) -> bytes:
         return control_event(
@@ -143,8 +144,11 @@ async def sse(
         key = ("sse", text, cursor)  # encoded once, however many readers this chunk reaches
         frames = chunk.cache.get(key)
         if frames is None:
-            frames = data_event(chunk.body(), text=text) if chunk.entries else b""
-            frames = chunk.cache[key] = frames + control(chunk)
+            body = chunk.body() if chunk.entries else None
+            frames = chunk.cache[key] = events(
+                body, offsets.encode(chunk.end), text=text, cursor=cursor, up_to_date=chunk.up_to_date,
+                closed=chunk.eof,
+            )  # fmt: skip
         await response.write(frames)
 
     try:

@@ -47,6 +47,14 @@ def control_event(
     return b"event: control\ndata:" + orjson.dumps(fields) + b"\n\n"
 
 
+def events(
+    data: bytes | None, next_offset: str, *, text: bool, cursor: str | None, up_to_date: bool, closed: bool
+) -> bytes:
+    """A data event (when there is data) and the control event that follows it."""
+    frame = data_event(data, text=text) if data is not None else b""
+    return frame + control_event(next_offset, cursor=cursor, up_to_date=up_to_date, closed=closed)
+
+
 def comment(text: str = "") -> bytes:
     """A comment line: keeps idle connections open through proxies."""
     return f": {text}\n\n".encode()

@@ -52,6 +52,8 @@ class Result:
     max_ms: float
     lost: int
     duplicated: int
+    reconnects: int
+    subscribers_missing_data: int
     server_cpu_percent: float | None
     server_peak_rss_mb: float | None
 
@@ -67,6 +69,7 @@ class _SseClient(asyncio.Protocol):
         self.headers_done = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
         request = (
             f"GET {self.path}?offset={self.sub.offset}&live=sse HTTP/1.1\r\n"
             f"Host: {self.host}\r\nAccept: text/event-stream\r\n\r\n"
@@ -101,6 +104,8 @@ class _SseClient(asyncio.Protocol):
             if close > 0:
                 sub.offset = buffer[k + 20 : close].decode()
         self.buffer = buffer[max(i, len(buffer) - 64) :]
+        if b"\r\n0\r\n\r\n" in buffer:  # the response ended (SSE cycle): reconnect at the offset
+            self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.on_lost(self.sub)
@@ -221,6 +226,8 @@ async def run_one(base_url: str, server: str, subscribers: int, rate: float, dur
         max_ms=round(latencies[-1], 2) if latencies else float("nan"),
         lost=lost,
         duplicated=sum(sub.duplicates for sub in subs),
+        reconnects=sum(sub.reconnects for sub in subs),
+        subscribers_missing_data=sum(1 for sub in subs if len([x for x in sub.received if x < sent]) < sent),
         server_cpu_percent=round(100 * meter.cpu_used() / elapsed, 1) if meter else None,
         server_peak_rss_mb=round(meter.peak_rss_mb, 1) if meter else None,
     )
