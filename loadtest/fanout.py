@@ -261,8 +261,9 @@ def table(results: list[Result]) -> str:
     lines = [head, "-" * len(head)]
     for r in results:
         lines.append(
-            f"{r.server:<16} {r.subscribers:>5} {r.connected:>5} {r.p50_ms:>8} {r.p99_ms:>8} {r.max_ms:>8} "
-            f"{r.lost:>5} {r.duplicated:>4} {r.server_cpu_percent!s:>6} {r.server_peak_rss_mb!s:>8}"
+            f"{r.server[:16]:<16} {r.subscribers:>5} {r.connected:>5} {r.p50_ms:>8} {r.p99_ms:>8} "
+            f"{r.max_ms:>8} {r.lost:>5} {r.duplicated:>4} "
+            f"{r.server_cpu_percent!s:>6} {r.server_peak_rss_mb!s:>8}"
         )
     return "\n".join(lines)
 
@@ -278,6 +279,9 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=10.0, help="seconds of appending per run")
     parser.add_argument("--message-bytes", type=int, default=256)
     parser.add_argument("--out", default="loadtest/results", help="folder for fanout.json and fanout.png")
+    parser.add_argument(
+        "--ours-args", default="", help='extra flags for our gateway, e.g. "--sse-cycle-seconds 600"'
+    )
     args = parser.parse_args()
     counts = [int(n) for n in args.subscribers.split(",")]
     results: list[Result] = []
@@ -299,8 +303,10 @@ def main() -> None:
         asyncio.run(bench(args.base_url, "target", None))
     else:
         for kind in args.servers.split(","):  # one after the other, same machine, same run
-            with start(kind) as server:
-                asyncio.run(bench(server.base_url, kind, server.pid))
+            extra = args.ours_args.split() if kind == "ours" else []
+            label = " ".join([kind, *extra])
+            with start(kind, *extra) as server:
+                asyncio.run(bench(server.base_url, label, server.pid))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "fanout.json").write_text(json.dumps([asdict(r) for r in results], indent=2))
