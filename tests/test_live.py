@@ -6,6 +6,7 @@ import asyncio
 import json
 
 import aiohttp
+import pytest
 
 from gateway import offsets
 
@@ -88,23 +89,46 @@ async def test_sse_binary_is_base64(http: aiohttp.ClientSession, url: str) -> No
     assert events[0] == ("data", "AP8=")
 
 
-async def test_two_gateways_share_one_redis(http: aiohttp.ClientSession, redis_url: str) -> None:
-    """Append through one gateway, read live through another (long-poll and SSE)."""
+@pytest.mark.parametrize(
+    ("content_type", "body", "sse_data", "poll_body"),
+    [
+        ("text/plain", b"hi", "hi", b"hi"),
+        ("application/json", b'[{"n":1},{"n":2}]', '[{"n":1},{"n":2}]', b'[{"n":1},{"n":2}]'),
+        ("application/octet-stream", b"\x00\x01", "AAE=", b"\x00\x01"),
+    ],
+)
+async def test_two_gateways_share_one_redis(
+    http: aiohttp.ClientSession,
+    redis_url: str,
+    content_type: str,
+    body: bytes,
+    sse_data: str,
+    poll_body: bytes,
+) -> None:
+    """Append through one gateway, read live through another: long-poll and SSE,
+    byte and JSON streams, up to the closing EOF."""
     a, b = await start_gateway(redis_url), await start_gateway(redis_url)
     try:
-        url_a, url_b = str(a.make_url("/v1/stream/shared-x")), str(b.make_url("/v1/stream/shared-x"))
+        name = f"/v1/stream/shared-{content_type.replace('/', '-')}"
+        url_a, url_b = str(a.make_url(name)), str(b.make_url(name))
         await http.delete(url_a)
-        await http.put(url_a, headers=TEXT)
+        await http.put(url_a, headers={"Content-Type": content_type})
         poll = asyncio.create_task(http.get(url_b, params={"offset": "-1", "live": "long-poll"}))
         sse = await http.get(url_b, params={"offset": "-1", "live": "sse"})
         await read_sse(sse, "upToDate")
         await asyncio.sleep(0.2)
-        await http.post(url_a, data=b"hi", headers=TEXT)
+        await http.post(url_a, data=body, headers={"Content-Type": content_type})
         r = await asyncio.wait_for(poll, 2)
-        assert await r.read() == b"hi"
+        assert await r.read() == poll_body
+        closing_poll = asyncio.create_task(
+            http.get(url_b, params={"offset": r.headers["Stream-Next-Offset"], "live": "long-poll"})
+        )
+        await asyncio.sleep(0.2)
         await http.post(url_a, headers={"Stream-Closed": "true"})
         events = await asyncio.wait_for(read_sse(sse, "streamClosed"), 2)
-        assert ("data", "hi") in events
+        assert [d for kind, d in events if kind == "data"] == [sse_data]
+        eof = await asyncio.wait_for(closing_poll, 2)
+        assert eof.status == 204 and eof.headers["Stream-Closed"] == "true"
         sse.close()
     finally:
         await a.close()
