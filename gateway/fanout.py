@@ -92,7 +92,11 @@ class _Channel:
             frame = frames.get(key)
             if frame is None:
                 frame = frames[key] = sink.frame(delivery)
-            sink.write(frame)
+            try:
+                sink.write(frame)
+            except (OSError, RuntimeError):  # the connection just went: its task cleans up
+                event.set()
+                continue
             sink.position = delivery.tail
             if delivery.closed:
                 sink.closed = True

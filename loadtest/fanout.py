@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import json
+import multiprocessing
 import time
 import urllib.request
 import uuid
@@ -158,6 +160,41 @@ def _http(method: str, url: str, body: bytes = b"", content_type: str = "text/pl
     urllib.request.urlopen(request, timeout=10).close()
 
 
+def _write_process(
+    url: str, rate: float, duration: float, message_bytes: int, started: float
+) -> tuple[dict[int, float], dict[int, float]]:
+    """The writer, in a process of its own so that parsing thousands of
+    subscriber streams cannot delay its sends. It keeps its schedule (up to 64
+    appends in flight) however slowly the server answers. time.monotonic() is
+    one clock for every process on the machine, so its times compare."""
+    acked: dict[int, float] = {}
+    sent_at: dict[int, float] = {}
+    padding = b"x" * max(0, message_bytes - 13)
+
+    async def write() -> None:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64)) as session:
+
+            async def append(seq: int) -> None:
+                sent_at[seq] = time.monotonic()
+                body = b"seq=%08d|" % seq + padding
+                async with session.post(url, data=body, headers={"Content-Type": "text/plain"}) as r:
+                    if r.status in (200, 204):
+                        acked[seq] = time.monotonic()
+
+            appends = []
+            for seq in range(int(rate * duration)):
+                if time.monotonic() > started + 3 * duration:
+                    break  # bounded in time whatever happens
+                delay = started + seq / rate - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                appends.append(asyncio.create_task(append(seq)))
+            await asyncio.gather(*appends, return_exceptions=True)
+
+    asyncio.run(write())
+    return sent_at, acked
+
+
 async def run_one(base_url: str, server: str, subscribers: int, rate: float, duration: float,
                   message_bytes: int, pid: int | None) -> Result:  # fmt: skip
     url = f"{base_url}/fanout-{uuid.uuid4().hex[:8]}"
@@ -173,36 +210,17 @@ async def run_one(base_url: str, server: str, subscribers: int, rate: float, dur
     await asyncio.sleep(1.0)
 
     meter = ProcessMeter(pid) if pid else None
-    acked: dict[int, float] = {}
-    sent_at: dict[int, float] = {}
-    padding = b"x" * max(0, message_bytes - 13)
-    total = int(rate * duration)
-    started = wall0 = time.monotonic()
-    sent = 0
-
-    # The writer keeps its schedule whatever the server's pace (up to 64
-    # appends in flight), so a busy server sees the offered rate, not less.
-    async def append(seq: int) -> None:
-        nonlocal sent
-        body = b"seq=%08d|" % seq + padding
-        sent_at[seq] = time.monotonic()
-        async with writer.post(url, data=body, headers={"Content-Type": "text/plain"}) as r:
-            if r.status in (200, 204):
-                acked[seq] = time.monotonic()
-                sent += 1
-
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64)) as writer:
-        appends = []
-        for seq in range(total):
-            if time.monotonic() > started + 3 * duration:
-                break  # bounded in time whatever happens
-            delay = started + seq / rate - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            appends.append(asyncio.create_task(append(seq)))
-            if meter and seq % max(1, int(rate)) == 0:
+    started = wall0 = time.monotonic() + 2.0  # time for the writer process to start
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        writing = asyncio.get_running_loop().run_in_executor(
+            pool, _write_process, url, rate, duration, message_bytes, started
+        )
+        while not writing.done():  # sample the server while the writer works
+            if meter:
                 meter.sample()
-        await asyncio.gather(*appends, return_exceptions=True)
+            await asyncio.wait([writing], timeout=1.0)
+        sent_at, acked = writing.result()
+    sent = len(acked)
     sent_seqs = set(acked)
     # Let deliveries drain: until every subscriber has every message, or no progress for 5 s.
     last_total, last_change, drain_deadline = -1, time.monotonic(), time.monotonic() + 120
