@@ -33,6 +33,7 @@ from . import keys, notices
 log = logging.getLogger(__name__)
 _CONFIRM_WAIT_SECONDS = 5.0
 _MAX_BATCH = 512
+_BUSY_SECONDS = 0.005  # a dispatch longer than this makes the listener pace itself
 
 
 async def _buffered(connection) -> bool:
@@ -239,6 +240,7 @@ class Fanout:
             await pubsub.unsubscribe(*idle)
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
         backoff = 0.1
         while True:
             pubsub = self._redis.pubsub()
@@ -262,7 +264,14 @@ class Fanout:
                             break
                         message = await pubsub.get_message(timeout=1.0)
                     if batch:
+                        began = loop.time()
                         self._dispatch(batch)
+                        busy = loop.time() - began
+                        if busy > _BUSY_SECONDS:
+                            # Under heavy fan-out, rest as long as we worked: appends, new
+                            # readers and heartbeats keep half the loop, and the notices
+                            # that queue up meanwhile go out together in the next batch.
+                            await asyncio.sleep(busy)
             except asyncio.CancelledError:
                 with contextlib.suppress(Exception):
                     await pubsub.aclose()

@@ -23,6 +23,7 @@ import asyncio
 import concurrent.futures
 import json
 import multiprocessing
+import os
 import time
 import urllib.request
 import uuid
@@ -63,6 +64,7 @@ class Result:
     subscribers_missing_data: int
     server_cpu_percent: float | None
     server_peak_rss_mb: float | None
+    generator_cpu_percent: float  # this process: subscribers' parsing competes for the same cores
 
 
 class _SseClient(asyncio.Protocol):
@@ -210,6 +212,7 @@ async def run_one(base_url: str, server: str, subscribers: int, rate: float, dur
     await asyncio.sleep(1.0)
 
     meter = ProcessMeter(pid) if pid else None
+    own = ProcessMeter(os.getpid())
     started = wall0 = time.monotonic() + 2.0  # time for the writer process to start
     with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
         writing = asyncio.get_running_loop().run_in_executor(
@@ -268,6 +271,7 @@ async def run_one(base_url: str, server: str, subscribers: int, rate: float, dur
         subscribers_missing_data=sum(1 for sub in subs if sent_seqs - sub.received.keys()),
         server_cpu_percent=round(100 * meter.cpu_used() / elapsed, 1) if meter else None,
         server_peak_rss_mb=round(meter.peak_rss_mb, 1) if meter else None,
+        generator_cpu_percent=round(100 * own.cpu_used() / elapsed, 1),
     )
 
 
@@ -301,7 +305,7 @@ def table(results: list[Result]) -> str:
         lines.append(
             f"{r.server[:16]:<16} {r.subscribers:>5} {r.connected:>5} {r.p50_ms:>8} {r.p99_ms:>8} "
             f"{r.max_ms:>8} {r.ack_p99_ms:>8} {r.messages:>5} {r.lost:>5} {r.duplicated:>4} "
-            f"{r.server_cpu_percent!s:>6} {r.server_peak_rss_mb!s:>8}"
+            f"{r.server_cpu_percent!s:>6} {r.server_peak_rss_mb!s:>8} {r.generator_cpu_percent:>6}"
         )
     return "\n".join(lines)
 
