@@ -33,7 +33,7 @@ from . import keys, notices
 log = logging.getLogger(__name__)
 _CONFIRM_WAIT_SECONDS = 5.0
 _MAX_BATCH = 512
-_BUSY_SECONDS = 0.005  # a dispatch longer than this makes the listener pace itself
+_BUSY_SECONDS = 0.02  # a dispatch longer than this makes the listener pace itself
 
 
 async def _buffered(connection) -> bool:
