@@ -171,3 +171,37 @@ def test_require_durable_refuses_risky_redis(tmp_path) -> None:
     finally:
         redis.terminate()
         redis.wait()
+
+
+async def test_two_gateway_processes_serve_one_stream(tmp_path, redis_url: str) -> None:
+    """Two separate gateway processes on one Redis: append through one, read
+    live (long-poll and SSE) through the other, up to EOF."""
+    import asyncio
+    import uuid
+
+    import aiohttp
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a, port_a = _serve(tmp_path / "a", "--redis-url", redis_url)
+    b, port_b = _serve(tmp_path / "b", "--redis-url", redis_url)
+    name = f"procs-{uuid.uuid4().hex[:8]}"
+    url_a, url_b = (f"http://127.0.0.1:{port}/v1/stream/{name}" for port in (port_a, port_b))
+    json_type = {"Content-Type": "application/json"}
+    try:
+        async with aiohttp.ClientSession() as http:
+            await http.put(url_a, headers=json_type)
+            poll = asyncio.create_task(http.get(url_b, params={"offset": "-1", "live": "long-poll"}))
+            sse = await http.get(url_b, params={"offset": "-1", "live": "sse"})
+            await sse.content.readuntil(b"upToDate")
+            await asyncio.sleep(0.3)
+            await http.post(url_a, data=b'[{"n":1}]', headers=json_type)
+            r = await asyncio.wait_for(poll, 5)
+            assert await r.json() == [{"n": 1}]
+            await http.post(url_a, data=b'{"n":2}', headers={**json_type, "Stream-Closed": "true"})
+            rest = (await asyncio.wait_for(sse.content.read(), 5)).decode()
+            assert '[{"n":1}]' in rest and '[{"n":2}]' in rest and '"streamClosed":true' in rest
+    finally:
+        for proc in (a, b):
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(20)
