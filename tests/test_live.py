@@ -140,28 +140,34 @@ async def evalsha_calls(redis) -> int:
     return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
 
 
-async def test_redis_reads_per_append_do_not_grow_with_readers(
-    http: aiohttp.ClientSession, url: str, redis
-) -> None:
-    """One pub/sub notice wakes every local reader; they share one Redis read."""
+async def script_reads_while_fanning_out(
+    http: aiohttp.ClientSession, url: str, redis, readers: int, appends: int
+) -> int:
+    """Script calls beyond the appends themselves, while ``readers`` SSE
+    subscribers each receive every one of ``appends`` appends."""
     await http.put(url, headers=TEXT)
-    readers = [await http.get(url, params={"offset": "-1", "live": "sse"}) for _ in range(50)]
-    for r in readers:
+    responses = [await http.get(url, params={"offset": "-1", "live": "sse"}) for _ in range(readers)]
+    for r in responses:
         await read_sse(r, "upToDate")
     await asyncio.sleep(0.2)
     before = await evalsha_calls(redis)
-    appends = 10
     for i in range(appends):
         await http.post(url, data=f"m{i};".encode(), headers=TEXT)
-        for r in readers:  # every reader gets every message
+        for r in responses:  # every reader gets every message
             events = await asyncio.wait_for(read_sse(r, "streamNextOffset"), 2)
             assert ("data", f"m{i};") in events
     calls = await evalsha_calls(redis) - before
-    for r in readers:
+    for r in responses:
         r.close()
-    reads = calls - appends
-    # Small appends ride in the notice: woken readers need no read at all.
-    assert reads <= 1, f"{reads} script reads for {appends} appends with 50 readers"
+    return calls - appends
+
+
+async def test_redis_reads_per_append_do_not_grow_with_readers(
+    http: aiohttp.ClientSession, url: str, redis
+) -> None:
+    """Small appends ride in the pub/sub notice: 50 woken readers need no read at all."""
+    reads = await script_reads_while_fanning_out(http, url, redis, readers=50, appends=10)
+    assert reads <= 1, f"{reads} script reads for 10 appends with 50 readers"
 
 
 async def test_without_payload_notices_readers_share_one_read(
@@ -173,22 +179,8 @@ async def test_without_payload_notices_readers_share_one_read(
     url = str(gateway.make_url("/v1/stream/no-payload"))
     try:
         await http.delete(url)
-        await http.put(url, headers=TEXT)
-        readers = [await http.get(url, params={"offset": "-1", "live": "sse"}) for _ in range(20)]
-        for r in readers:
-            await read_sse(r, "upToDate")
-        await asyncio.sleep(0.2)
-        before = await evalsha_calls(redis)
-        appends = 5
-        for i in range(appends):
-            await http.post(url, data=f"big{i};".encode(), headers=TEXT)
-            for r in readers:
-                events = await asyncio.wait_for(read_sse(r, "streamNextOffset"), 2)
-                assert ("data", f"big{i};") in events
-        reads = await evalsha_calls(redis) - before - appends
-        for r in readers:
-            r.close()
-        assert 1 <= reads <= 2 * appends
+        reads = await script_reads_while_fanning_out(http, url, redis, readers=20, appends=5)
+        assert 1 <= reads <= 2 * 5
     finally:
         await gateway.close()
 
