@@ -197,13 +197,14 @@ class Fanout:
                 channel.idle_since = asyncio.get_running_loop().time()
 
     async def _subscribe(self, name: str) -> None:
-        self._wake_loop.set()
         if self._pubsub is None:
             return  # the loop subscribes every channel when it (re)connects
         try:
             await self._pubsub.subscribe(name)
         except Exception as exc:  # the loop notices the broken connection too
             log.warning("subscribe %s failed: %s", name, exc)
+        finally:
+            self._wake_loop.set()  # after the channel is registered: the loop may be idle
 
     def _dispatch(self, messages: list[dict]) -> None:
         """Handle pub/sub messages in arrival order, notices grouped per channel."""
@@ -252,9 +253,10 @@ class Fanout:
                 while True:
                     await self._drop_idle(pubsub)
                     if not pubsub.subscribed:
-                        self._wake_loop.clear()
-                        with contextlib.suppress(asyncio.TimeoutError):
-                            await asyncio.wait_for(self._wake_loop.wait(), 1.0)
+                        self._wake_loop.clear()  # clear, then look again: no lost wake-up
+                        if not pubsub.subscribed:
+                            with contextlib.suppress(asyncio.TimeoutError):
+                                await asyncio.wait_for(self._wake_loop.wait(), 1.0)
                         continue
                     message = await pubsub.get_message(timeout=1.0)
                     batch = []

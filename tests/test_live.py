@@ -244,3 +244,25 @@ async def test_sse_order_holds_across_direct_and_read_paths(
             r.close()
     finally:
         await gateway.close()
+
+
+async def test_sse_heartbeats_and_reconnect_cycle(http: aiohttp.ClientSession, redis_url: str) -> None:
+    """Idle SSE connections get comment lines; the response ends after the
+    (jittered) cycle with a control event naming the offset to resume from."""
+    gateway = await start_gateway(redis_url, sse_heartbeat_seconds=0.3, sse_cycle_seconds=1.5)
+    url = str(gateway.make_url("/v1/stream/heartbeat"))
+    try:
+        await http.delete(url)
+        await http.put(url, data=b"x", headers=TEXT)
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        async with http.get(url, params={"offset": "-1", "live": "sse"}) as r:
+            assert r.headers["X-Accel-Buffering"] == "no"
+            raw = (await asyncio.wait_for(r.content.read(), 5)).decode()
+        took = loop.time() - began
+    finally:
+        await gateway.close()
+    assert 1.1 <= took <= 2.5  # 75-100% of the cycle, plus slack
+    assert raw.count(": \n\n") >= 2
+    last = raw.rstrip("\n").rsplit("\n\n", 1)[-1]
+    assert last.startswith("event: control") and offsets.encode(1) in last
