@@ -1,0 +1,189 @@
+"""Append throughput and latency, and catch-up read throughput.
+
+    python -m loadtest.appends --servers ours,reference,reference-memory
+    python -m loadtest.appends --base-url http://host:4437/v1/stream
+
+Scenarios (``--scenarios`` picks some): ``writers x streams x body bytes``,
+with or without idempotent-producer headers. Each runs ``--seconds`` long
+with every writer appending back to back; only successful appends count
+(errors are reported by status). ``read`` builds a ``--read-mb`` stream and
+reads it from the start as one client would, following Stream-Next-Offset.
+Loopback only; every loop is bounded in count and time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import time
+import uuid
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import aiohttp
+
+from .servers import KINDS, ProcessMeter, start
+
+# name: (writers, streams, body bytes, idempotent producer headers)
+SCENARIOS = {
+    "1w-1s-100B": (1, 1, 100, False),
+    "8w-1s-100B": (8, 1, 100, False),
+    "64w-1s-100B": (64, 1, 100, False),
+    "64w-1000s-100B": (64, 1000, 100, False),
+    "64w-1s-100B-producer": (64, 1, 100, True),
+    "8w-1s-64KiB": (8, 1, 65536, False),
+}
+
+
+@dataclass
+class AppendResult:
+    server: str
+    scenario: str
+    appends_per_second: float
+    mb_per_second: float
+    mean_ms: float
+    p50_ms: float
+    p99_ms: float
+    errors: dict[str, int]
+    server_cpu_percent: float | None
+
+
+async def run_appends(base_url: str, server: str, name: str, seconds: float, pid: int | None) -> AppendResult:
+    writers, streams, size, producer = SCENARIOS[name]
+    prefix = f"{base_url}/appends-{uuid.uuid4().hex[:8]}"
+    urls = [f"{prefix}-{i}" for i in range(streams)]
+    body = b"x" * size
+    latencies: list[float] = []
+    errors: Counter[str] = Counter()
+    connector = aiohttp.TCPConnector(limit=writers)
+    async with aiohttp.ClientSession(connector=connector) as http:
+        for i in range(0, streams, 100):
+            await asyncio.gather(
+                *(http.put(u, headers={"Content-Type": "text/plain"}) for u in urls[i : i + 100])
+            )
+        meter = ProcessMeter(pid) if pid else None
+        deadline = time.monotonic() + seconds
+
+        async def writer(n: int) -> None:
+            seq = 0
+            while time.monotonic() < deadline:
+                url = urls[(n + seq * writers) % streams]
+                headers = {"Content-Type": "text/plain"}
+                if producer:
+                    headers |= {"Producer-Id": f"w{n}", "Producer-Epoch": "0", "Producer-Seq": str(seq)}
+                began = time.monotonic()
+                try:
+                    async with http.post(url, data=body, headers=headers) as r:
+                        await r.read()
+                        if r.status in (200, 204):
+                            latencies.append(time.monotonic() - began)
+                        else:
+                            errors[str(r.status)] += 1
+                except aiohttp.ClientError as exc:
+                    errors[type(exc).__name__] += 1
+                seq += 1
+
+        started = time.monotonic()
+        await asyncio.gather(*(writer(n) for n in range(writers)))
+        elapsed = time.monotonic() - started
+    latencies.sort()
+    count = len(latencies)
+
+    def at(p: float) -> float:
+        return round(1000 * latencies[min(count - 1, int(p * count))], 2) if count else float("nan")
+
+    return AppendResult(
+        server=server,
+        scenario=name,
+        appends_per_second=round(count / elapsed, 1),
+        mb_per_second=round(count * size / elapsed / 1e6, 2),
+        mean_ms=round(1000 * sum(latencies) / count, 2) if count else float("nan"),
+        p50_ms=at(0.5),
+        p99_ms=at(0.99),
+        errors=dict(errors),
+        server_cpu_percent=round(100 * meter.cpu_used() / elapsed, 1) if meter else None,
+    )
+
+
+async def run_read(base_url: str, server: str, megabytes: int) -> dict:
+    url = f"{base_url}/read-{uuid.uuid4().hex[:8]}"
+    piece = os.urandom(1 << 20)
+    async with aiohttp.ClientSession() as http:
+        await http.put(url, headers={"Content-Type": "application/octet-stream"})
+        for _ in range(megabytes):  # 1 MiB appends
+            async with http.post(url, data=piece, headers={"Content-Type": "application/octet-stream"}) as r:
+                assert r.status in (200, 204), r.status
+        total, requests, offset = 0, 0, "-1"
+        started = time.monotonic()
+        while requests < 1_000_000:
+            async with http.get(url, params={"offset": offset}) as r:
+                async for block in r.content.iter_chunked(1 << 20):
+                    total += len(block)
+                requests += 1
+                offset = r.headers["Stream-Next-Offset"]
+                if r.headers.get("Stream-Up-To-Date") == "true":
+                    break
+        elapsed = time.monotonic() - started
+    assert total == megabytes << 20, (total, megabytes << 20)
+    return {
+        "server": server,
+        "scenario": f"read {megabytes} MiB",
+        "mb_per_second": round(total / elapsed / 1e6, 1),
+        "requests": requests,
+        "seconds": round(elapsed, 2),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--servers", default="ours", help=f"comma list of {', '.join(KINDS)}")
+    parser.add_argument("--base-url", help="benchmark a running server instead (its stream prefix URL)")
+    parser.add_argument(
+        "--scenarios", default=",".join(SCENARIOS), help=f"comma list of {', '.join(SCENARIOS)}"
+    )
+    parser.add_argument("--seconds", type=float, default=5.0, help="seconds per append scenario")
+    parser.add_argument("--read-mb", type=int, default=256, help="size of the catch-up read stream (0: skip)")
+    parser.add_argument("--out", default="loadtest/results/appends.json")
+    args = parser.parse_args()
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    results: list[dict] = []
+
+    def bench(base_url: str, name: str, pid: int | None) -> None:
+        for scenario in args.scenarios.split(","):
+            r = asyncio.run(run_appends(base_url, name, scenario, args.seconds, pid))
+            results.append(asdict(r))
+            print(f"{name:<18} {scenario:<22} {r.appends_per_second:>9}/s {r.mb_per_second:>8} MB/s "
+                  f"mean {r.mean_ms:>7} p50 {r.p50_ms:>7} p99 {r.p99_ms:>8} ms  cpu {r.server_cpu_percent}% "
+                  f"errors {r.errors}", flush=True)  # fmt: skip
+        if args.read_mb:
+            r = asyncio.run(run_read(base_url, name, args.read_mb))
+            results.append(r)
+            print(
+                f"{name:<18} {r['scenario']:<22} {r['mb_per_second']:>9} MB/s in {r['requests']} reads",
+                flush=True,
+            )
+
+    if args.base_url:
+        bench(args.base_url, "target", None)
+    else:
+        for kind in args.servers.split(","):
+            with start(kind) as server:
+                bench(server.base_url, kind, server.pid)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
