@@ -73,7 +73,9 @@ def start(kind: str, *extra_args: str) -> Iterator[Running]:
         check = f"http://127.0.0.1:{port}/v1/stream/__probe"
     else:
         raise ValueError(f"unknown server {kind!r}; one of {KINDS}")
-    proc = subprocess.Popen(cmd, cwd=HERE if kind != "ours" else None, stdout=subprocess.DEVNULL)
+    # Ours always gets a fresh embedded Redis, whatever Redis the environment names.
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DURABLE_STREAMS_REDIS_URL")}
+    proc = subprocess.Popen(cmd, cwd=HERE if kind != "ours" else None, stdout=subprocess.DEVNULL, env=env)
     try:
         _wait_http(check, proc)
         yield Running(kind, f"http://127.0.0.1:{port}/v1/stream", proc.pid)

@@ -13,34 +13,11 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_ready(url: str, proc: subprocess.Popen) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            sys.exit(f"gateway exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url + "/readyz", timeout=1):
-                return
-        except OSError:
-            time.sleep(0.2)
-    sys.exit("gateway did not become ready")
 
 
 def run_suite(base_url: str) -> int:
@@ -62,33 +39,12 @@ def main() -> int:
         return run_suite(args.base_url)
     if shutil.which("npx") is None:
         sys.exit("conformance: npx (Node 18+) is required")
-    port = free_port()
-    with tempfile.TemporaryDirectory() as data_dir:
-        env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DURABLE_STREAMS_REDIS_URL")}
-        # A short long-poll timeout keeps the suite's timeout tests quick.
-        gateway = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gateway",
-                "serve",
-                "--port",
-                str(port),
-                "--data-dir",
-                data_dir,
-                "--long-poll-timeout",
-                "3",
-                "--log-level",
-                "warning",
-            ],
-            env=env,
-        )
-        try:
-            wait_ready(f"http://127.0.0.1:{port}", gateway)
-            return run_suite(f"http://127.0.0.1:{port}")
-        finally:
-            gateway.terminate()
-            gateway.wait(30)
+    sys.path.insert(0, str(HERE.parent.parent))  # the repo root, for loadtest.servers
+    from loadtest.servers import start
+
+    # A fresh embedded Redis; a short long-poll timeout keeps the suite's timeout tests quick.
+    with start("ours", "--long-poll-timeout", "3") as gateway:
+        return run_suite(gateway.base_url.removesuffix("/v1/stream"))
 
 
 if __name__ == "__main__":
