@@ -152,10 +152,6 @@ class Fanout:
         self._task: asyncio.Task[None] | None = None
         self.stopping = False
 
-    @property
-    def subscriptions(self) -> int:
-        return len(self._channels)
-
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="fanout")
 

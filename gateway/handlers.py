@@ -10,6 +10,7 @@ from . import caching, cursor, keys, live, offsets, responses
 from .context import gateway_of
 from .errors import ProtocolError, bad_request
 from .headers import (
+    DEFAULT_CONTENT_TYPE,
     STREAM_CLOSED,
     STREAM_FORK_OFFSET,
     STREAM_FORK_SUB_OFFSET,
@@ -86,12 +87,11 @@ async def put_stream(request: web.Request) -> web.Response:
     source = None if fork_from is None else _source_sid(request, fork_from)
     if source == sid:
         raise bad_request("a stream cannot fork itself")
-    if source is None or content_type is not None:
-        media = normalize_content_type(content_type) or "application/octet-stream"
-        entries = body_entries(media, body, create=True)
-    else:  # the body's framing follows the content type the fork inherits
+    media = normalize_content_type(content_type) or DEFAULT_CONTENT_TYPE
+    if body and source is not None and content_type is None:
+        # A fork's body is framed by the content type it inherits (looked up only when needed).
         media = (await gw.store.head(source)).media_type
-        entries = body_entries(media, body, create=True)
+    entries = body_entries(media, body, create=True)
     spec = CreateSpec(
         content_type=content_type,
         expiry=expiry,

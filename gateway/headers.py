@@ -92,10 +92,6 @@ def validate_content_type(value: str) -> str:
     return media
 
 
-def is_json(content_type: str) -> bool:
-    return normalize_content_type(content_type) == JSON_CONTENT_TYPE
-
-
 def is_text(content_type: str) -> bool:
     """Types whose SSE data events carry text; every other type is base64."""
     media = normalize_content_type(content_type)

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 import orjson
 
 from .errors import bad_request
+from .headers import JSON_CONTENT_TYPE
 
 
 def _reject_constant(name: str) -> None:
@@ -62,7 +63,7 @@ def to_array(messages: Iterable[bytes]) -> bytes:
 
 def body_entries(media_type: str, body: bytes, *, create: bool) -> list[bytes]:
     """The log entries a request body becomes: one per JSON message, else the body."""
-    if media_type == "application/json":
+    if media_type == JSON_CONTENT_TYPE:
         if not body:
             return []
         return split_messages(body, allow_empty_array=create)

@@ -77,7 +77,7 @@ def read_chunk(chunk: Chunk, *, cursor: str | None, at_now: bool) -> dict[str, s
         headers[STREAM_CLOSED] = "true"
     elif cursor is not None:
         headers[STREAM_CURSOR] = cursor
-    if at_now or not chunk.entries and not chunk.eof and cursor is not None:
+    if at_now:  # the tail moves: nothing to cache (long-poll 204s are made no-store in live.py)
         headers["Cache-Control"] = caching.NO_STORE
     else:
         headers["Cache-Control"] = caching.CACHEABLE

@@ -19,6 +19,7 @@ from . import keys, offsets
 from .errors import ProtocolError, bad_request
 from .headers import (
     DEFAULT_CONTENT_TYPE,
+    JSON_CONTENT_TYPE,
     PRODUCER_EPOCH,
     PRODUCER_EXPECTED_SEQ,
     PRODUCER_RECEIVED_SEQ,
@@ -86,7 +87,7 @@ class Meta:
 
     @property
     def is_json(self) -> bool:
-        return self.media_type == "application/json"
+        return self.media_type == JSON_CONTENT_TYPE
 
 
 @dataclass
@@ -330,13 +331,13 @@ class Store:
     async def head(self, sid: str) -> Meta:
         return (await self._read(sid, -1, refresh=False)).meta
 
-    async def read(self, sid: str, start: int | None, *, budget: int | None = None) -> Chunk:
+    async def read(self, sid: str, start: int | None) -> Chunk:
         """Data from ``start`` (None: the tail), up to the chunk size.
 
         Reads refresh a sliding TTL. A fork's inherited range is read from its
         ancestors; that data never changes, so the extra calls cannot tear.
         """
-        budget = budget or self.max_chunk_bytes
+        budget = self.max_chunk_bytes
         chunk = await self._read(sid, -1 if start is None else start, refresh=True, budget=budget)
         meta = chunk.meta
         if start is None:
