@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -10,6 +11,7 @@ import redis.exceptions
 from aiohttp import web
 
 from . import durability, handlers
+from .archive import Archive, ColdReader
 from .config import Settings, from_env
 from .context import GATEWAY, Gateway
 from .errors import ProtocolError
@@ -18,6 +20,7 @@ from .responses import SECURITY
 from .store import UNAVAILABLE, Store
 
 log = logging.getLogger(__name__)
+HINTS_TASK = web.AppKey("hints_task", asyncio.Task)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -77,19 +80,23 @@ def create_app(settings: Settings, redis_url: str) -> web.Application:
     async def startup(app: web.Application) -> None:
         client = aioredis.Redis.from_url(redis_url, decode_responses=False, health_check_interval=30)
         pubsub_client = aioredis.Redis.from_url(redis_url, decode_responses=False)
-        store = Store(client, settings.max_chunk_bytes, settings.notice_payload_bytes)
+        cold = ColdReader(Archive(settings.archive_location), settings.archive_cache_bytes)
+        store = Store(client, cold, settings.max_chunk_bytes, settings.notice_payload_bytes)
         await client.ping()
         await durability.check(client, require=settings.require_durable)
         await store.scripts.load()
         fanout = Fanout(pubsub_client)
         await fanout.start()
         app[GATEWAY] = Gateway(settings=settings, store=store, fanout=fanout)
+        app[HINTS_TASK] = asyncio.create_task(store.hints.run())
 
     async def shutdown(app: web.Application) -> None:
         app[GATEWAY].fanout.stop_waiters()  # live responses end cleanly, in-flight writes finish
 
     async def cleanup(app: web.Application) -> None:
         gw = app[GATEWAY]
+        app[HINTS_TASK].cancel()
+        await asyncio.gather(app[HINTS_TASK], return_exceptions=True)
         await gw.fanout.close()
         await gw.store.redis.aclose()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import signal
 import sys
 
 from aiohttp import web
@@ -28,7 +29,16 @@ def build_parser() -> argparse.ArgumentParser:
         "Without --redis-url an embedded redis-server is started in --data-dir and stopped on exit.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    config.add_arguments(serve)
+    config.add_arguments(serve, config.serve_settings())
+    archive = commands.add_parser(
+        "archive",
+        help="run an archive worker (Redis -> Parquet)",
+        description="Move each stream's data older than the hot window from Redis to Parquet files "
+        "(--archive-url), then trim Redis. Run as many as you like: they share the work. Without "
+        "--redis-url it uses the embedded Redis of a `durable-streams serve` on the same --data-dir.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    config.add_arguments(archive, config.COMMON + config.WORKER)
     return parser
 
 
@@ -69,6 +79,30 @@ def serve(settings: config.Settings) -> None:
             embedded.stop()
 
 
+def archive(settings: config.Settings) -> None:
+    from workers.archiver import run_worker
+
+    redis_url = settings.redis_url
+    if not redis_url:
+        embedded = EmbeddedRedis(settings.data_dir, binary="redis-server")
+        if not embedded.socket.exists():
+            raise RuntimeError(
+                "no Redis: give --redis-url, or start `durable-streams serve` "
+                f"with --data-dir {settings.data_dir}"
+            )
+        redis_url = embedded.url
+    _install_uvloop()
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        await run_worker(settings, redis_url, stop)
+
+    asyncio.run(main())
+
+
 def _run_gunicorn(settings: config.Settings, redis_url: str) -> None:
     """N worker processes on one port, configured by ``gateway/gunicorn_conf.py``."""
     from gunicorn.app.base import BaseApplication
@@ -98,12 +132,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    if args.command == "serve":
-        try:
-            serve(settings)
-        except RuntimeError as exc:
-            print(f"durable-streams: {exc}", file=sys.stderr)
-            return 1
+    try:
+        {"serve": serve, "archive": archive}[args.command](settings)
+    except RuntimeError as exc:
+        print(f"durable-streams: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

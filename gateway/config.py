@@ -30,6 +30,37 @@ class Settings:
     require_durable: bool = False
     workers: int = 1
     log_level: str = "info"
+    # the archive (serve reads it; `durable-streams archive` writes it)
+    archive_url: str | None = None
+    archive_cache_bytes: int = 128 * 1024 * 1024
+    archive_hot_bytes: int = 1024 * 1024
+    archive_hot_seconds: float = 300.0
+    archive_min_bytes: int = 4 * 1024 * 1024
+    archive_max_delay: float = 600.0
+    archive_file_bytes: int = 128 * 1024 * 1024
+    archive_interval: float = 1.0
+    archive_reconcile_seconds: float = 60.0
+    archive_lease_seconds: float = 30.0
+    retention_seconds: float = 0.0
+
+    @property
+    def archive_location(self) -> str:
+        return self.archive_url or os.path.join(self.data_dir, "archive")
+
+
+# Which command takes which settings (the rest are `serve`'s alone).
+COMMON = ("redis_url", "data_dir", "archive_url", "log_level")
+WORKER = (
+    "archive_hot_bytes",
+    "archive_hot_seconds",
+    "archive_min_bytes",
+    "archive_max_delay",
+    "archive_file_bytes",
+    "archive_interval",
+    "archive_reconcile_seconds",
+    "archive_lease_seconds",
+    "retention_seconds",
+)
 
 
 HELP = {
@@ -51,6 +82,21 @@ HELP = {
     "(appendonly off, or appendfsync not 'always')",
     "workers": "worker processes sharing the port (more than 1 runs under gunicorn)",
     "log_level": "debug, info, warning or error",
+    "archive_url": "where archived Parquet files live: a directory or an fsspec URL such as "
+    "s3://bucket/prefix (needs s3fs); unset: <data-dir>/archive",
+    "archive_cache_bytes": "memory for archive files decoded for cold reads (per process)",
+    "archive_hot_bytes": "newest bytes of each stream kept in Redis (0 allowed)",
+    "archive_hot_seconds": "entries younger than this stay in Redis (0 allowed)",
+    "archive_min_bytes": "archive a stream once this much is past the hot window ...",
+    "archive_max_delay": "... or once its oldest such entry is this many seconds old",
+    "archive_file_bytes": "largest Parquet file; smaller ones of a stream and day are merged up to it",
+    "archive_interval": "seconds between looks for work when idle",
+    "archive_reconcile_seconds": "seconds between scans for streams with lost hints and for "
+    "archives of deleted or expired streams (one worker scans at a time)",
+    "archive_lease_seconds": "how long a stream stays claimed by a worker that stopped answering "
+    "(renewed after every file; a crashed worker's streams are taken over after this)",
+    "retention_seconds": "drop archived data older than this while the stream goes on; reads "
+    "of it answer 410 (0: keep everything)",
 }
 
 
@@ -69,7 +115,11 @@ def _env_default(name: str, kind: type, default: object) -> object:
     return kind(raw)
 
 
-def add_arguments(parser: argparse.ArgumentParser, names: list[str] | None = None) -> None:
+def serve_settings() -> list[str]:
+    return [f.name for f in fields(Settings) if f.name not in WORKER]
+
+
+def add_arguments(parser: argparse.ArgumentParser, names: list[str] | tuple[str, ...] | None = None) -> None:
     """Add ``--flag`` options (defaulting to the environment) for the settings named."""
     kinds = {"int": int, "float": float, "bool": bool, "str": str, "str | None": str}
     for f in fields(Settings):

@@ -16,6 +16,7 @@ import re
 from .errors import bad_request
 
 START = "-1"  # sentinel: the beginning of the stream
+BEGINNING = -1  # what START parses to: the oldest data still retained (usually position 0)
 NOW = "now"  # sentinel: the current tail
 _WIDTH = 16
 _MAX_POSITION = 10**_WIDTH - 1
@@ -38,15 +39,15 @@ def decode(token: str) -> int:
 
 
 def parse_read_offset(values: list[str]) -> int | None:
-    """The ``offset`` query parameter: a position, or None for ``now``.
+    """The ``offset`` query parameter: a position, BEGINNING, or None for ``now``.
 
-    Absent and ``-1`` both mean the start. A repeated parameter is ambiguous
-    and rejected.
+    Absent and ``-1`` both mean the beginning. A repeated parameter is
+    ambiguous and rejected.
     """
     if len(values) > 1:
         raise bad_request("offset given more than once")
     if not values or values[0] == START:
-        return 0
+        return BEGINNING
     if values[0] == NOW:
         return None
     return decode(values[0])

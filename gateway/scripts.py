@@ -13,7 +13,21 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 
-NAMES = ("create", "append", "read", "read_range", "delete", "fork_ref", "release_fork")
+NAMES = (
+    "create",
+    "append",
+    "read",
+    "read_range",
+    "delete",
+    "fork_ref",
+    "release_fork",
+    # the archive worker's
+    "archive_stage",
+    "archive_commit",
+    "archive_forget",
+    "archive_check",
+    "archive_retain",
+)
 
 
 def lua_dir() -> Path:

@@ -16,6 +16,7 @@ import redis.exceptions
 from redis.asyncio import Redis
 
 from . import keys, offsets
+from .archive import ColdReader
 from .errors import ProtocolError, bad_request
 from .headers import (
     DEFAULT_CONTENT_TYPE,
@@ -30,8 +31,10 @@ from .headers import (
     normalize_content_type,
     parse_expires_at,
 )
+from .hints import Hints
 from .jsonmode import to_array
 from .scripts import Scripts
+from .segments import Segment as ArchivedSegment
 from .singleflight import SingleFlight
 
 # Errors that mean "Redis is not reachable right now" (as opposed to a bad request).
@@ -67,6 +70,8 @@ class Meta:
     expires_at: str | None
     source: str | None
     chain: tuple[Segment, ...]  # inherited ranges, oldest ancestor first
+    arch: int  # where the Redis log starts: below it, data is in archived files
+    floor: int  # where retained data starts (retention drops what is below)
 
     @classmethod
     def parse(cls, sid: str, flat: list[Any]) -> Meta:
@@ -83,6 +88,8 @@ class Meta:
             expires_at=m.get("expires"),
             source=m.get("src"),
             chain=tuple(tuple(s) for s in json.loads(m.get("chain") or "[]")),
+            arch=int(m.get("arch") or m["base"]),
+            floor=int(m.get("floor") or 0),
         )
 
     @property
@@ -142,6 +149,10 @@ class AppendResult:
     producer_seq: int | None = None
 
 
+def _dropped() -> ProtocolError:
+    return ProtocolError(410, "the data at this offset was dropped by the retention policy")
+
+
 def _not_found(status: str) -> ProtocolError:
     if status == "gone":
         return ProtocolError(410, "stream was deleted")
@@ -149,8 +160,12 @@ def _not_found(status: str) -> ProtocolError:
 
 
 class Store:
-    def __init__(self, redis: Redis, max_chunk_bytes: int, notice_payload_bytes: int = 8192) -> None:
+    def __init__(
+        self, redis: Redis, cold: ColdReader, max_chunk_bytes: int, notice_payload_bytes: int = 8192
+    ) -> None:
         self.redis = redis
+        self.cold = cold
+        self.hints = Hints(redis)
         self.scripts = Scripts(redis)
         self.max_chunk_bytes = max_chunk_bytes
         self.notice_payload_bytes = notice_payload_bytes
@@ -200,6 +215,8 @@ class Store:
         status = _text(result[0])
         if status == "conflict":
             raise ProtocolError(409, "stream exists with a different configuration")
+        if status == "created" and spec.entries:
+            self.hints.mark(sid)
         return status == "created", Meta.parse(sid, result[1])
 
     async def _create_fork(self, sid: str, spec: CreateSpec) -> tuple[bool, Meta]:
@@ -309,6 +326,8 @@ class Store:
         )
         status = _text(result[0])
         if status in ("ok", "dup"):
+            if entries:
+                self.hints.mark(sid)
             return AppendResult(
                 status=status,
                 tail=int(result[1]),
@@ -329,40 +348,94 @@ class Store:
     # -- reads --------------------------------------------------------------
 
     async def head(self, sid: str) -> Meta:
-        return (await self._read(sid, -1, refresh=False)).meta
+        return (await self._read(sid, -1, refresh=False))[0]
 
     async def read(self, sid: str, start: int | None) -> Chunk:
-        """Data from ``start`` (None: the tail), up to the chunk size.
+        """Data from ``start`` (None: the tail; offsets.BEGINNING: the oldest
+        retained data), up to the chunk size.
 
-        Reads refresh a sliding TTL. A fork's inherited range is read from its
-        ancestors; that data never changes, so the extra calls cannot tear.
+        Reads refresh a sliding TTL. Archived data is read from its files and a
+        fork's inherited range from its ancestors; data below the tail never
+        changes, so the extra calls cannot tear what the first one saw.
         """
         budget = self.max_chunk_bytes
-        chunk = await self._read(sid, -1 if start is None else start, refresh=True, budget=budget)
-        meta = chunk.meta
+        at = -1 if start is None else max(start, 0)
+        meta, found = await self._read(sid, at, refresh=True, budget=budget)
         if start is None:
             return Chunk(meta, meta.tail)
+        if start == offsets.BEGINNING:
+            start = meta.floor
+            if start:
+                found = None
         if start > meta.tail:
             raise bad_request("offset is beyond the stream's tail")
+        if start < meta.floor:
+            raise _dropped()
+        entries: list[tuple[int, bytes]] = []
         if start < meta.base:
-            inherited = await self._read_segments(meta.chain, start, budget, meta.is_json, _UNLIMITED)
-            reached = inherited[-1][0] + len(inherited[-1][1]) if inherited else start
-            used = sum(len(d) for _, d in inherited)
-            own = chunk.entries if reached >= meta.base else []
-            chunk = Chunk(meta, start, inherited + _fit(own, budget - used, meta.is_json, bool(inherited)))
-        return chunk
+            entries = await self._read_segments(meta.chain, start, budget, meta.is_json, _UNLIMITED)
+            reached = entries[-1][0] + len(entries[-1][1]) if entries else start
+            budget -= sum(len(d) for _, d in entries)
+            if reached < meta.base or budget <= 0:
+                return Chunk(meta, start, entries)
+            found = None
+        own = max(start, meta.base)
+        entries += await self._range(sid, own, meta.tail, budget, meta.is_json, _UNLIMITED, found)
+        return Chunk(meta, start, entries)
 
     async def read_shared(self, sid: str, start: int | None) -> Chunk:
         """``read``, shared with concurrent readers of the same stream and offset (live reads)."""
         return await self._shared_reads.run((sid, start), lambda: self.read(sid, start))
 
-    async def _read(self, sid: str, start: int, *, refresh: bool, budget: int = 0) -> Chunk:
+    async def _read(self, sid: str, start: int, *, refresh: bool, budget: int = 0) -> tuple[Meta, Any]:
+        """The stream's meta and what read.lua found at ``start`` (see ``_range``)."""
         result = await self._call("read", sid, start, budget, "1" if refresh else "0")
         status = _text(result[0])
         if status != "ok":
             raise _not_found(status)
-        meta = Meta.parse(sid, result[1])
-        return Chunk(meta, max(start, meta.base), _pairs(result[2]))
+        return Meta.parse(sid, result[1]), result[2:]
+
+    async def _range(
+        self, sid: str, pos: int, hi: int, budget: int, whole: bool, max_entries: int, found: Any = None
+    ) -> list[tuple[int, bytes]]:
+        """A stream's own entries in [pos, hi), hot (Redis) or cold (files).
+
+        Each script call answers with the log's entries, or with the archived
+        segment holding ``pos``; a segment is read from its file and the read
+        goes on from its end. ``found`` is a first answer the caller already has.
+        """
+        out: list[tuple[int, bytes]] = []
+        retries = 0
+        while pos < hi and budget > 0 and max_entries > 0:
+            if found is None:
+                found = await self._call(
+                    "read_range", sid, pos, hi, budget, "1" if whole else "0", max_entries
+                )
+            hot, member = _pairs(found[0]), _text(found[1])
+            found = None
+            if member:
+                segment = ArchivedSegment.parse(member)
+                try:
+                    got = await self.cold.take(segment, pos, hi, budget, whole, max_entries)
+                except FileNotFoundError:
+                    # Replaced by a merged file, or the stream is going: ask again.
+                    retries += 1
+                    if retries > 3:
+                        raise ProtocolError(503, "archive file missing", {"Retry-After": "1"}) from None
+                    continue
+            else:
+                got = hot
+            if not got:
+                if whole:
+                    break  # a JSON read from inside a message: nothing starts here
+                raise _dropped()  # nothing where data must be: dropped by retention
+            out += got
+            budget -= sum(len(d) for _, d in got)
+            max_entries -= len(got)
+            pos = got[-1][0] + len(got[-1][1])
+            if not member:
+                break  # the log answered all it could up to the budget
+        return out
 
     async def _read_segments(
         self, segments: Any, start: int, budget: int, whole: bool, max_entries: int
@@ -375,32 +448,13 @@ class Store:
                 continue
             if pos < lo or budget <= 0 or max_entries - len(out) <= 0:
                 break
-            got = _pairs(
-                await self._call(
-                    "read_range", sid, pos, hi, budget, "1" if whole else "0", max_entries - len(out)
-                )
-            )
+            got = await self._range(sid, pos, hi, budget, whole, max_entries - len(out))
             out += got
             budget -= sum(len(d) for _, d in got)
             pos = got[-1][0] + len(got[-1][1]) if got else pos
             if pos < hi:  # stopped inside this segment: budget or entry count
                 break
         return out
-
-
-def _fit(
-    entries: list[tuple[int, bytes]], budget: int, whole: bool, have_some: bool
-) -> list[tuple[int, bytes]]:
-    """The leading entries that fit a remaining byte budget (bytes are cut)."""
-    out: list[tuple[int, bytes]] = []
-    for pos, data in entries:
-        if budget <= 0 and (have_some or out):
-            break
-        if not whole and len(data) > budget:
-            data = data[:budget]
-        out.append((pos, data))
-        budget -= len(data)
-    return out
 
 
 def _append_error(status: str, result: list[Any]) -> ProtocolError:

@@ -29,6 +29,7 @@ class Running:
     name: str
     base_url: str  # up to and including the stream prefix
     pid: int  # the process serving HTTP, for CPU and memory readings
+    data_dir: str = ""
 
 
 def free_port() -> int:
@@ -59,6 +60,26 @@ def _ensure_reference_installed() -> None:
         )
 
 
+def _stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+@contextlib.contextmanager
+def archive_worker(server: Running, *extra_args: str) -> Iterator[subprocess.Popen]:
+    """An archive worker beside ``ours`` (its embedded Redis, its data dir)."""
+    cmd = [sys.executable, "-m", "gateway", "archive", "--data-dir", server.data_dir,
+           "--log-level", "warning", *extra_args]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+    try:
+        yield proc
+    finally:
+        _stop(proc)
+
+
 @contextlib.contextmanager
 def start(kind: str, *extra_args: str) -> Iterator[Running]:
     port = free_port()
@@ -78,13 +99,9 @@ def start(kind: str, *extra_args: str) -> Iterator[Running]:
     proc = subprocess.Popen(cmd, cwd=HERE if kind != "ours" else None, stdout=subprocess.DEVNULL, env=env)
     try:
         _wait_http(check, proc)
-        yield Running(kind, f"http://127.0.0.1:{port}/v1/stream", proc.pid)
+        yield Running(kind, f"http://127.0.0.1:{port}/v1/stream", proc.pid, data_dir)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        _stop(proc)
         shutil.rmtree(data_dir, ignore_errors=True)
 
 

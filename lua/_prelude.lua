@@ -3,6 +3,12 @@
 -- once. Every script gets the same KEYS, all of one stream (one hash tag):
 --   KEYS[1] meta (hash)   KEYS[2] log (stream)   KEYS[3] producers (hash)
 --   KEYS[4] forks (set)   KEYS[5] notify channel (a name, never stored)
+-- Archived data lives in Parquet; its segment list is the sorted set
+-- segs_key(inc) (see gateway/archive.py): score = first position, member =
+-- "<from> <to> <first ms> <last ms> <file>"; score -1 marks a file being
+-- written (pending), -2 a replaced file still to delete. Meta field 'arch' is
+-- where the Redis log starts (everything below is in files), 'floor' where
+-- retained data starts, 'inc' the incarnation the segment keys are named by.
 -- Positions are byte positions in the stream; the log entry that starts at
 -- position P has the id "P-1" (0-0 is not a valid stream id).
 local META, LOG, PROD, FORKS, CHANNEL = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -30,7 +36,17 @@ local function flat(m)
   return out
 end
 
+-- The segment set is left behind when a stream goes: the archive worker
+-- finds it, removes its files, then the key (gateway/archive.py).
 local function drop() redis.call('DEL', META, LOG, PROD, FORKS) end
+
+local function segs_key(inc) return string.sub(META, 1, #META - 4) .. 'segs:' .. inc end
+
+-- The archived segment holding position `pos`, as its member string, or nil.
+local function segment_at(m, pos)
+  if not m.inc then return nil end
+  return redis.call('ZREVRANGEBYSCORE', segs_key(m.inc), pos, 0, 'LIMIT', 0, 1)[1]
+end
 
 -- Redis expiry frees an idle expired stream's memory by itself; a stream that
 -- forks still read from must outlive its deadline, so it is made persistent.
@@ -115,11 +131,27 @@ local function collect(from, hi, budget, whole, max_entries)
   end
 end
 
--- Append entries (ARGV[first..]) at the tail; returns the new tail.
-local function add_entries(m, first, now)
+-- What a read from `from` finds first: {} and the segment member when
+-- `from` is archived (the caller reads the file, then continues), else the
+-- log's entries.
+local function read_from(m, from, hi, budget, whole, max_entries)
+  if m.arch and from < tonumber(m.arch) then
+    return {{}, segment_at(m, from) or ''}
+  end
+  return {collect(from, hi, budget, whole, max_entries), ''}
+end
+
+-- Append entries (ARGV[first..]) at the tail; returns the new tail. Each
+-- entry keeps its append time and, from an idempotent producer,
+-- "<epoch> <seq> <id>" (the archive's producer columns).
+local function add_entries(m, first, now, producer)
   local pos = tonumber(m.tail)
   for i = first, #ARGV do
-    redis.call('XADD', LOG, eid(pos), 'd', ARGV[i], 't', now)
+    if producer then
+      redis.call('XADD', LOG, eid(pos), 'd', ARGV[i], 't', now, 'p', producer)
+    else
+      redis.call('XADD', LOG, eid(pos), 'd', ARGV[i], 't', now)
+    end
     pos = pos + #ARGV[i]
   end
   return pos

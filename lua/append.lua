@@ -49,7 +49,7 @@ end
 if sseq ~= '' and m.seq and not bytes_less(m.seq, sseq) then return {'seq_regress'} end
 
 local old_tail = m.tail
-local fields = {'tail', fmt(add_entries(m, 8, now))}
+local fields = {'tail', fmt(add_entries(m, 8, now, tuple and (ARGV[5] .. ' ' .. ARGV[6] .. ' ' .. pid)))}
 if sseq ~= '' then fields[#fields + 1] = 'seq'; fields[#fields + 1] = sseq end
 if close then
   fields[#fields + 1] = 'closed'; fields[#fields + 1] = '1'

@@ -1,19 +1,20 @@
 -- read.lua: one consistent look at a stream: its metadata and own entries.
 -- ARGV: 1 start position (-1: metadata only), 2 byte budget, 3 '1' when this
 --   read refreshes a sliding TTL (GET does, HEAD does not).
--- Returns {'ok', meta, entries} with entries = {pos, data, ...} from
---   max(start, base) | {'missing'} | {'gone'}.
+-- Returns {'ok', meta, entries, segment} with entries = {pos, data, ...} from
+--   max(start, base), or none and the archived segment ('' if none) holding
+--   that position when it is below the log (see read_from) | {'missing'} | {'gone'}.
 local start, budget = tonumber(ARGV[1]), tonumber(ARGV[2])
 local now = now_ms()
 local m = load_meta()
 local status = resolve(m, now)
 if status ~= 'ok' then return {status} end
 if ARGV[3] == '1' then touch(m, now, math.min(1000, tonumber(m.ttl or 0) * 50)) end
-local entries = {}
+local found = {{}, ''}
 if start >= 0 then
   local from = math.max(start, tonumber(m.base))
   if from < tonumber(m.tail) then
-    entries = collect(from, nil, budget, m.ctn == 'application/json', budget + 1)
+    found = read_from(m, from, nil, budget, m.ctn == 'application/json', budget + 1)
   end
 end
-return {'ok', flat(m), entries}
+return {'ok', flat(m), found[1], found[2]}

@@ -1,7 +1,9 @@
--- read_range.lua: entries of one stream's own log, without metadata checks.
--- Used for the inherited part of a fork: data below a fork point never
--- changes and is kept while the fork exists, whatever the source's state.
+-- read_range.lua: entries of one stream's own log, without state checks.
+-- Used for the inherited part of a fork (data below a fork point never
+-- changes and is kept while the fork exists, whatever the source's state)
+-- and to continue a read past an archived segment.
 -- ARGV: 1 from position, 2 end position (exclusive), 3 byte budget,
 --   4 '1' for JSON messages (never cut), 5 most entries to return.
--- Returns {pos, data, pos, data, ...}.
-return collect(tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4] == '1', tonumber(ARGV[5]))
+-- Returns {entries, segment}: see read_from.
+local m = load_meta() or {}
+return read_from(m, tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4] == '1', tonumber(ARGV[5]))

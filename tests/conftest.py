@@ -90,9 +90,15 @@ async def start_gateway(redis_url: str, **overrides: object) -> TestServer:
 
 
 @pytest.fixture(scope="session")
-async def gateway(redis_url: str) -> AsyncIterator[str]:
+def archive_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Where the session gateway reads archived files (and test archivers write them)."""
+    return str(tmp_path_factory.mktemp("archive"))
+
+
+@pytest.fixture(scope="session")
+async def gateway(redis_url: str, archive_dir: str) -> AsyncIterator[str]:
     """Base URL of a gateway with small limits, so chunking and 413 are cheap to hit."""
-    server = await start_gateway(redis_url, max_chunk_bytes=64, max_body_bytes=4096)
+    server = await start_gateway(redis_url, max_chunk_bytes=64, max_body_bytes=4096, archive_url=archive_dir)
     yield str(server.make_url("/v1/stream"))
     await server.close()
 

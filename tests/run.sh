@@ -9,10 +9,12 @@ python3 -m venv .venv 2>/dev/null || true
 .venv/bin/python -m pip install -q -e ".[test]"
 
 echo "== ruff"
-.venv/bin/ruff check gateway tests loadtest
+.venv/bin/ruff check gateway workers tests loadtest
 
 echo "== conformance suite (@durable-streams/server-conformance-tests)"
 .venv/bin/python tests/conformance/run.py
+echo "== conformance suite again, with an archive worker at hot window 0 (reads from Parquet)"
+.venv/bin/python tests/conformance/run.py --archive
 
 echo "== pytest"
 .venv/bin/python -m pytest "$@"

@@ -49,8 +49,8 @@ class TestOffsets:
         assert err.value.status == 400
 
     def test_sentinels(self) -> None:
-        assert offsets.parse_read_offset([]) == 0
-        assert offsets.parse_read_offset(["-1"]) == 0
+        assert offsets.parse_read_offset([]) == offsets.BEGINNING
+        assert offsets.parse_read_offset(["-1"]) == offsets.BEGINNING
         assert offsets.parse_read_offset(["now"]) is None
         with pytest.raises(ProtocolError):
             offsets.parse_read_offset(["-1", "now"])

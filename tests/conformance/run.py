@@ -3,7 +3,9 @@
     python tests/conformance/run.py [--base-url URL]
 
 Without --base-url it starts an embedded Redis in a temporary directory and a
-gateway on a free port, runs the suite, and stops both. The npm packages are
+gateway on a free port, runs the suite, and stops both; with --archive it also
+runs an archive worker with a hot window of 0, so reads go to Parquet files
+as soon as the worker has moved the data. The npm packages are
 installed here on first use (versions pinned in package.json). Exits with the
 suite's status.
 """
@@ -34,17 +36,26 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--base-url", help="test a running gateway instead of starting one")
+    parser.add_argument("--archive", action="store_true", help="run an archive worker at hot window 0")
     args = parser.parse_args()
     if args.base_url:
         return run_suite(args.base_url)
     if shutil.which("npx") is None:
         sys.exit("conformance: npx (Node 18+) is required")
     sys.path.insert(0, str(HERE.parent.parent))  # the repo root, for loadtest.servers
-    from loadtest.servers import start
+    from loadtest.servers import archive_worker, start
 
     # A fresh embedded Redis; a short long-poll timeout keeps the suite's timeout tests quick.
     with start("ours", "--long-poll-timeout", "3") as gateway:
-        return run_suite(gateway.base_url.removesuffix("/v1/stream"))
+        if not args.archive:
+            return run_suite(gateway.base_url.removesuffix("/v1/stream"))
+        hot_window_0 = ["--archive-hot-bytes", "0", "--archive-hot-seconds", "0", "--archive-min-bytes", "0",
+                        "--archive-max-delay", "0", "--archive-interval", "0.05"]  # fmt: skip
+        with archive_worker(gateway, *hot_window_0):
+            status = run_suite(gateway.base_url.removesuffix("/v1/stream"))
+        files = len(list(Path(gateway.data_dir, "archive").rglob("*.parquet")))
+        print(f"conformance: the archive worker wrote {files} files during the suite")
+        return status if files else 1
 
 
 if __name__ == "__main__":

@@ -1,0 +1,426 @@
+"""The archive: workers move data to Parquet, reads fall through to it unchanged.
+
+Each test archives with a worker on the session Redis (hot window 0 unless
+said otherwise) and compares what clients read before and after, byte for
+byte and header for header.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import aiohttp
+import pyarrow.parquet as pq
+import pytest
+import redis.asyncio as aioredis
+
+from gateway import keys, offsets
+from gateway.archive import Archive
+from gateway.segments import Segment
+from workers.archiver import Archiver, Policy
+
+from .conftest import free_port
+
+HOT0 = Policy(hot_bytes=0, hot_ms=0, min_bytes=0, max_delay_ms=0, file_bytes=1 << 20)
+READ_HEADERS = ("Stream-Next-Offset", "Stream-Up-To-Date", "Stream-Closed", "Content-Type", "ETag")
+
+
+@pytest.fixture
+def archiver(redis: aioredis.Redis, archive_dir: str) -> Archiver:
+    return Archiver(redis, Archive(archive_dir), HOT0)
+
+
+def sid_of(url: str) -> str:
+    return keys.stream_id(url.split("/v1/stream/", 1)[1])
+
+
+async def transcript(http: aiohttp.ClientSession, url: str, start: str = "-1") -> list[tuple]:
+    """Every catch-up response from ``start`` to the tail: status, body, headers."""
+    out, offset = [], start
+    for _ in range(1000):
+        async with http.get(url, params={"offset": offset}) as r:
+            body = await r.read()
+            out.append((offset, r.status, body, *(r.headers.get(h) for h in READ_HEADERS)))
+            if r.status != 200 or r.headers.get("Stream-Up-To-Date") == "true":
+                return out
+            offset = r.headers["Stream-Next-Offset"]
+    raise AssertionError("no end")
+
+
+async def every_offset(http: aiohttp.ClientSession, url: str, tail: int) -> list[tuple]:
+    """A read from every byte position (offsets inside an append included)."""
+    out = []
+    for pos in range(tail + 1):
+        async with http.get(url, params={"offset": offsets.encode(pos)}) as r:
+            out.append((pos, r.status, await r.read(), *(r.headers.get(h) for h in READ_HEADERS)))
+    return out
+
+
+async def create(http: aiohttp.ClientSession, url: str, content_type: str, *bodies: bytes) -> None:
+    async with http.put(url, headers={"Content-Type": content_type}) as r:
+        assert r.status == 201
+    for body in bodies:
+        async with http.post(url, data=body, headers={"Content-Type": content_type}) as r:
+            assert r.status in (200, 204), await r.text()
+
+
+async def log_length(redis: aioredis.Redis, url: str) -> int:
+    return await redis.xlen(keys.stream_keys(sid_of(url))[1])
+
+
+async def segments_of(redis: aioredis.Redis, url: str, score: str = "0") -> list[Segment]:
+    meta = await redis.hgetall(keys.stream_keys(sid_of(url))[0])
+    inc = meta[b"inc"].decode()
+    members = await redis.zrangebyscore(keys.segments(sid_of(url), inc), score, "+inf")
+    return [Segment.parse(m) for m in members]
+
+
+BYTES = [b"hello ", b"w", b"orld, " * 7, bytes(range(256)) * 2, b"!"]
+JSON_BODIES = [b'{"a": 1}', b'[{"b": 2}, {"c": "x"}, 3]', b'"' + b"y" * 100 + b'"', b"[4, 5]"]
+
+
+@pytest.mark.parametrize(
+    "content_type,bodies",
+    [
+        ("application/octet-stream", BYTES),
+        ("text/plain; charset=utf-8", BYTES[:3]),
+        ("application/json", JSON_BODIES),
+    ],
+)
+async def test_cold_reads_are_hot_reads(http, url, redis, archiver, content_type, bodies):
+    await create(http, url, content_type, *bodies)
+    hot = await transcript(http, url)
+    async with http.head(url) as r:
+        tail = offsets.decode(r.headers["Stream-Next-Offset"])
+    hot_every = await every_offset(http, url, tail)
+    assert await log_length(redis, url) > 0
+
+    # Part archived (the boundary falls between reads), then all of it.
+    half = dataclasses.replace(HOT0, hot_bytes=tail // 2)
+    await Archiver(redis, archiver.archive, half).archive_stream(sid_of(url))
+    assert 0 < await log_length(redis, url) < len(bodies) + 3
+    assert await transcript(http, url) == hot
+    assert await every_offset(http, url, tail) == hot_every
+
+    await archiver.archive_stream(sid_of(url))
+    assert await log_length(redis, url) == 0
+    assert await transcript(http, url) == hot
+    assert await every_offset(http, url, tail) == hot_every
+
+    # Appends go on after archiving; reads cross the boundary the same way.
+    async with http.post(url, data=bodies[0], headers={"Content-Type": content_type}) as r:
+        assert r.status in (200, 204)
+    again = await transcript(http, url)
+    assert again[: len(hot) - 1] == hot[:-1] and again[-1][1] == 200
+
+
+async def test_merged_files_and_schema(http, url, redis, archiver, archive_dir):
+    """Small archive passes of one stream merge into one file; rows carry the documented schema."""
+    await create(http, url, "application/json")
+    producer = {"Producer-Id": "p1", "Producer-Epoch": "0"}
+    for seq in range(5):
+        headers = {"Content-Type": "application/json", **producer, "Producer-Seq": str(seq)}
+        async with http.post(url, data=json.dumps([{"n": seq}, {"m": seq}]), headers=headers) as r:
+            assert r.status == 200
+        await archiver.archive_stream(sid_of(url))
+    hot_path_reads = await transcript(http, url)
+    (segment,) = await segments_of(redis, url)
+    assert await segments_of(redis, url, "-inf") == [segment]  # no staged or garbage files left
+    table = pq.read_table(Path(archive_dir) / segment.file).to_pylist()
+    assert [row["text"] for row in table] == [
+        json.dumps({k: n}, separators=(",", ":")) for n in range(5) for k in "nm"
+    ]
+    assert [row["producer_seq"] for row in table] == [n for n in range(5) for _ in "nm"]
+    assert {row["producer_id"] for row in table} == {"p1"} and {row["producer_epoch"] for row in table} == {0}
+    assert {row["stream"] for row in table} == {keys.path_of(sid_of(url))}
+    assert table[0]["offset"] == offsets.encode(0) and table[1]["offset"] == table[0]["next_offset"]
+    assert [row["data"] for row in table] == [row["text"].encode() for row in table]
+    assert segment.file.startswith(f"date={time.strftime('%Y-%m-%d', time.gmtime())}/bucket=")
+    assert hot_path_reads[0][2] == b"[" + b",".join(r["data"] for r in table) + b"]"
+
+
+async def test_forks_read_archived_ancestors(http, url, redis, archiver):
+    await create(http, url, "text/plain", b"one two ", b"three four ", b"five")
+    fork = url + "-fork"
+    source = "/v1/stream/" + url.split("/v1/stream/", 1)[1]
+    headers = {
+        "Stream-Forked-From": source,
+        "Stream-Fork-Offset": offsets.encode(10),
+        "Content-Type": "text/plain",
+    }
+    async with http.put(fork, headers=headers) as r:
+        assert r.status == 201, await r.text()
+    async with http.post(fork, data=b" six", headers={"Content-Type": "text/plain"}) as r:
+        assert r.status == 204
+    before = await transcript(http, fork)
+    assert b"".join(t[2] for t in before) == b"one two th six"
+    for stream in (url, fork):
+        await archiver.archive_stream(sid_of(stream))
+        assert await log_length(redis, stream) == 0
+    assert await transcript(http, fork) == before
+
+
+async def test_live_reads_start_in_the_archive(http, url, redis, archiver):
+    await create(http, url, "text/plain", b"cold ", b"data ")
+    await archiver.archive_stream(sid_of(url))
+    async with http.get(url, params={"offset": "-1", "live": "long-poll"}) as r:
+        assert r.status == 200 and await r.read() == b"cold data "
+    async with http.get(url, params={"offset": offsets.encode(2), "live": "sse"}) as r:
+        events = ""
+        async for line in r.content:
+            events += line.decode()
+            if "upToDate" in events:
+                break
+        assert "data:ld data \n" in events
+        # A live append arrives on the same SSE connection.
+        async with http.post(url, data=b"hot", headers={"Content-Type": "text/plain"}) as w:
+            assert w.status == 204
+        async for line in r.content:
+            events += line.decode()
+            if "data:hot" in events:
+                break
+
+
+async def test_delete_and_expiry_remove_the_files(http, url, redis, archiver, archive_dir):
+    await create(http, url, "text/plain", b"to be deleted")
+    await archiver.archive_stream(sid_of(url))
+    (segment,) = await segments_of(redis, url)
+    assert (Path(archive_dir) / segment.file).exists()
+    async with http.delete(url) as r:
+        assert r.status == 204
+    await create(http, url, "text/plain")  # the same path again: a new stream, nothing old in it
+    async with http.get(url, params={"offset": "-1"}) as r:
+        assert r.status == 200 and await r.read() == b""
+    await archiver.reconcile(force=True)
+    assert not (Path(archive_dir) / segment.file).exists()
+    assert not [k async for k in redis.scan_iter(match=keys.segments(sid_of(url), "*"))]
+
+    expiring = url + "-ttl"
+    async with http.put(expiring, headers={"Content-Type": "text/plain", "Stream-TTL": "1"}) as r:
+        assert r.status == 201
+    async with http.post(expiring, data=b"short-lived", headers={"Content-Type": "text/plain"}) as r:
+        assert r.status == 204
+    await archiver.archive_stream(sid_of(expiring))
+    (segment,) = await segments_of(redis, expiring)
+    await asyncio.sleep(1.2)  # Redis expires the stream's keys by itself
+    await archiver.reconcile(force=True)
+    assert not (Path(archive_dir) / segment.file).exists()
+
+
+async def test_retention_drops_old_data_with_410(http, url, redis, archive_dir):
+    policy = dataclasses.replace(HOT0, retention_ms=500)
+    archiver = Archiver(redis, Archive(archive_dir), policy)
+    await create(http, url, "text/plain", b"old data ")
+    await archiver.archive_stream(sid_of(url))
+    (old,) = await segments_of(redis, url)
+    await asyncio.sleep(0.7)
+    async with http.post(url, data=b"new", headers={"Content-Type": "text/plain"}) as r:
+        assert r.status == 204
+    await archiver.archive_stream(sid_of(url))  # the old file is dropped, the new one kept
+    assert not (Path(archive_dir) / old.file).exists()
+    async with http.get(url, params={"offset": offsets.encode(0)}) as r:
+        assert r.status == 410
+    async with http.get(url, params={"offset": offsets.encode(3)}) as r:
+        assert r.status == 410
+    async with http.get(url, params={"offset": "-1"}) as r:  # the beginning: what is kept
+        assert r.status == 200 and await r.read() == b"new"
+    async with http.get(url, params={"offset": offsets.encode(9)}) as r:
+        assert r.status == 200 and await r.read() == b"new"
+
+
+async def test_hints_reach_workers(http, url, redis):
+    await create(http, url, "text/plain", b"x")
+    for _ in range(30):
+        if await redis.zscore(keys.ARCHIVE_HINTS, sid_of(url)) is not None:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError("no hint within 3 s")
+
+
+# -- exactly once ------------------------------------------------------------
+
+
+class Crash(Exception):
+    pass
+
+
+async def check_once(redis: aioredis.Redis, archive: Archive, sid: str, expected: bytes) -> None:
+    """Files plus the Redis log hold every byte once; no file outside the record."""
+    meta = {k.decode(): v.decode() for k, v in (await redis.hgetall(keys.stream_keys(sid)[0])).items()}
+    pieces: list[tuple[int, bytes]] = []
+    recorded = set()
+    if "inc" in meta:
+        for member, score in await redis.zrange(keys.segments(sid, meta["inc"]), 0, -1, withscores=True):
+            segment = Segment.parse(member)
+            assert score >= 0, f"left over: {segment}"
+            recorded.add(segment.file)
+            rows = archive.read(segment.file).to_pylist()
+            pieces += [(row["position"], row["data"]) for row in rows]
+    for entry_id, fields in await redis.xrange(keys.stream_keys(sid)[1]):
+        pieces.append((int(entry_id.split(b"-")[0]), fields[b"d"]))
+    pieces.sort()
+    positions = [p for p, _ in pieces]
+    assert len(positions) == len(set(positions)), "a byte is stored twice"
+    assert b"".join(d for _, d in pieces) == expected
+    assert positions == sorted(positions) and all(
+        a + len(d) == b for (a, d), b in zip(pieces, positions[1:], strict=False)
+    ), "a gap"
+    stray = {f for f in archive.files() if sid_digest(sid) in f} - recorded
+    assert not stray, f"files outside the record: {stray}"
+
+
+def sid_digest(sid: str) -> str:
+    return hashlib.sha256(keys.path_of(sid).encode()).hexdigest()[:16]
+
+
+async def leftovers(redis: aioredis.Redis, sids: list[str]) -> tuple[int, int, int]:
+    """Committed, staged and garbage segment records across streams."""
+    counts = [0, 0, 0]
+    for sid in sids:
+        inc = await redis.hget(keys.stream_keys(sid)[0], "inc")
+        if inc:
+            for _, score in await redis.zrange(keys.segments(sid, inc.decode()), 0, -1, withscores=True):
+                counts[0 if score >= 0 else int(-score)] += 1
+    return counts[0], counts[1], counts[2]
+
+
+@pytest.mark.parametrize("point", ["after_stage", "after_write", "after_commit"])
+async def test_a_crash_at_each_step_is_repaired(http, url, redis, archive_dir, point, monkeypatch):
+    """The worker dies between steps (merging into an existing file, the hardest case);
+    the next run repairs."""
+    archive = Archive(archive_dir)
+    bodies = [os.urandom(50) for _ in range(6)]
+    await create(http, url, "application/octet-stream", *bodies[:3])
+    await Archiver(redis, archive, HOT0).archive_stream(sid_of(url))
+    for body in bodies[3:]:
+        async with http.post(url, data=body, headers={"Content-Type": "application/octet-stream"}) as r:
+            assert r.status == 204
+    crashing = Archiver(redis, archive, HOT0)
+    original_write, original_call = archive.write, crashing._call
+
+    def write(file, table):
+        size = original_write(file, table)
+        if point == "after_write":
+            raise Crash
+        return size
+
+    async def call(script, sid, *args):
+        result = await original_call(script, sid, *args)
+        if (script, point) in (("archive_stage", "after_stage"), ("archive_commit", "after_commit")):
+            raise Crash
+        return result
+
+    monkeypatch.setattr(archive, "write", write)
+    monkeypatch.setattr(crashing, "_call", call)
+    crashing.lease_seconds = 0.2  # the dead worker's lease runs out soon
+    with pytest.raises(Crash):
+        await crashing.archive_stream(sid_of(url))
+    monkeypatch.undo()
+    await asyncio.sleep(0.3)
+    await Archiver(redis, Archive(archive_dir), HOT0).archive_stream(sid_of(url))
+    await check_once(redis, Archive(archive_dir), sid_of(url), b"".join(bodies))
+    assert len(await segments_of(redis, url)) == 1  # merged
+
+
+async def test_sigkill_during_a_run_never_loses_or_doubles(http, gateway, redis, redis_url, archive_dir):
+    """A real worker process, SIGKILLed at random moments while writers append."""
+    streams = [f"{gateway}/kill-{uuid.uuid4().hex[:8]}-{i}" for i in range(3)]
+    written = {s: bytearray() for s in streams}
+    for s in streams:
+        await create(http, s, "application/octet-stream")
+    cmd = [sys.executable, "-m", "gateway", "archive", "--redis-url", redis_url, "--archive-url", archive_dir,
+           "--archive-hot-bytes", "100", "--archive-hot-seconds", "0", "--archive-min-bytes", "0",
+           "--archive-max-delay", "0", "--archive-file-bytes", "600", "--archive-interval", "0.01",
+           "--archive-lease-seconds", "1", "--log-level", "error"]  # fmt: skip
+    rng = random.Random(7)
+
+    async def write_for(seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            s = rng.choice(streams)
+            body = os.urandom(rng.randint(1, 120))
+            async with http.post(s, data=body, headers={"Content-Type": "application/octet-stream"}) as r:
+                assert r.status == 204
+            written[s] += body
+
+    states = []
+    for _ in range(8):
+        worker = subprocess.Popen(cmd)
+        await write_for(rng.uniform(0.8, 1.5))  # the worker starts in ~0.5 s, then archives all along
+        worker.send_signal(signal.SIGKILL)
+        worker.wait()
+        states.append(await leftovers(redis, [sid_of(s) for s in streams]))
+    print("committed, staged, garbage after each kill:", states)
+    assert states[-1][0] > len(streams)  # the killed workers did archive
+    # A last worker, with the leases of the killed ones run out, finishes the job.
+    await asyncio.sleep(0.1)
+    last = Archiver(redis, Archive(archive_dir), Policy(hot_bytes=100, hot_ms=0, min_bytes=0, max_delay_ms=0,
+                                                        file_bytes=600), lease_seconds=1)  # fmt: skip
+    await asyncio.sleep(1.1)  # the killed worker's leases run out
+    for s in streams:
+        await last.archive_stream(sid_of(s))
+        await check_once(redis, Archive(archive_dir), sid_of(s), bytes(written[s]))
+        assert len(await segments_of(redis, s)) > 1  # in several files
+
+
+async def test_two_workers_share_the_work(http, gateway, redis, archive_dir):
+    streams = [f"{gateway}/pair-{uuid.uuid4().hex[:8]}-{i}" for i in range(12)]
+    for s in streams:
+        await create(http, s, "text/plain", *(f"{s[-2:]}:{n};".encode() for n in range(20)))
+    await redis.zadd(keys.ARCHIVE_HINTS, {sid_of(s): 0 for s in streams})
+    one, two = (Archiver(redis, Archive(archive_dir), HOT0, name=n) for n in ("one", "two"))
+    taken = await asyncio.gather(one.work_once(limit=100), two.work_once(limit=100))
+    assert sum(taken) >= len(streams)
+    for s in streams:
+        assert await log_length(redis, s) == 0
+        expected = b"".join(f"{s[-2:]}:{n};".encode() for n in range(20))
+        await check_once(redis, Archive(archive_dir), sid_of(s), expected)
+
+
+def test_archive_command_uses_the_embedded_redis(tmp_path):
+    """``archive`` beside ``serve`` on one data dir, with no Redis URL anywhere."""
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DURABLE_STREAMS_REDIS_URL")}
+    port = free_port()
+    serve = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--port", str(port),
+                              "--data-dir", str(tmp_path)], env=env)  # fmt: skip
+    worker = None
+    try:
+        import urllib.request
+
+        for _ in range(100):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.1)
+        base = f"http://127.0.0.1:{port}/v1/stream/cli"
+        request = urllib.request.Request(base, data=b"archived", method="PUT",
+                                         headers={"Content-Type": "text/plain"})  # fmt: skip
+        assert urllib.request.urlopen(request).status == 201
+        worker = subprocess.Popen([sys.executable, "-m", "gateway", "archive", "--data-dir", str(tmp_path),
+                                   "--archive-hot-bytes", "0", "--archive-hot-seconds", "0",
+                                   "--archive-min-bytes", "0"], env=env)  # fmt: skip
+        for _ in range(100):
+            if list((tmp_path / "archive").rglob("*.parquet")):
+                break
+            time.sleep(0.1)
+        assert list((tmp_path / "archive").rglob("*.parquet"))
+        assert urllib.request.urlopen(base + "?offset=-1").read() == b"archived"
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(10) == 0
+    finally:
+        for proc in (worker, serve):
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+                proc.wait(10)

@@ -1,0 +1,1 @@
+"""Background work beside the gateways: the archive worker and the Spark job."""
