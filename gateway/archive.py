@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
 
 from . import offsets
+from .headers import is_text
 from .segments import Entry, Segment, take
 from .singleflight import SingleFlight
 
@@ -46,10 +47,6 @@ SCHEMA = pa.schema(
 )
 
 
-def is_text(media_type: str) -> bool:
-    return media_type.startswith("text/") or media_type == "application/json" or media_type.endswith("+json")
-
-
 @dataclass(frozen=True)
 class Row:
     """One log entry as the worker read it from Redis."""
@@ -61,7 +58,7 @@ class Row:
 
 
 def to_table(stream: str, incarnation: str, content_type: str, rows: list[Row]) -> pa.Table:
-    text = is_text(content_type.split(";")[0].strip().lower())
+    text = is_text(content_type)
 
     def decoded(data: bytes) -> str | None:
         try:

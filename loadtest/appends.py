@@ -108,25 +108,36 @@ async def run_appends(base_url: str, server: str, name: str, seconds: float, pid
     )
 
 
+async def fill(http: aiohttp.ClientSession, url: str, megabytes: int, piece_bytes: int = 1 << 20) -> None:
+    """Create a byte stream of ``megabytes`` MiB of random (incompressible) data."""
+    headers = {"Content-Type": "application/octet-stream"}
+    await http.put(url, headers=headers)
+    for _ in range((megabytes << 20) // piece_bytes):
+        async with http.post(url, data=os.urandom(piece_bytes), headers=headers) as r:
+            assert r.status in (200, 204), r.status
+
+
+async def catch_up(http: aiohttp.ClientSession, url: str) -> tuple[int, int, float]:
+    """Read a stream from its start to its tail: (bytes, requests, seconds)."""
+    total, requests, offset = 0, 0, "-1"
+    started = time.monotonic()
+    while requests < 1_000_000:
+        async with http.get(url, params={"offset": offset}) as r:
+            assert r.status == 200, r.status
+            async for block in r.content.iter_chunked(1 << 20):
+                total += len(block)
+            requests += 1
+            offset = r.headers["Stream-Next-Offset"]
+            if r.headers.get("Stream-Up-To-Date") == "true":
+                break
+    return total, requests, time.monotonic() - started
+
+
 async def run_read(base_url: str, server: str, megabytes: int) -> dict:
     url = f"{base_url}/read-{uuid.uuid4().hex[:8]}"
-    piece = os.urandom(1 << 20)
     async with aiohttp.ClientSession() as http:
-        await http.put(url, headers={"Content-Type": "application/octet-stream"})
-        for _ in range(megabytes):  # 1 MiB appends
-            async with http.post(url, data=piece, headers={"Content-Type": "application/octet-stream"}) as r:
-                assert r.status in (200, 204), r.status
-        total, requests, offset = 0, 0, "-1"
-        started = time.monotonic()
-        while requests < 1_000_000:
-            async with http.get(url, params={"offset": offset}) as r:
-                async for block in r.content.iter_chunked(1 << 20):
-                    total += len(block)
-                requests += 1
-                offset = r.headers["Stream-Next-Offset"]
-                if r.headers.get("Stream-Up-To-Date") == "true":
-                    break
-        elapsed = time.monotonic() - started
+        await fill(http, url, megabytes)
+        total, requests, elapsed = await catch_up(http, url)
     assert total == megabytes << 20, (total, megabytes << 20)
     return {
         "server": server,

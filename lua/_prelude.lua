@@ -119,8 +119,12 @@ local function collect(from, hi, budget, whole, max_entries)
     end
   end
   local cursor = '(' .. eid(from)
+  -- Fetch few entries first, then more: large entries fill the budget after
+  -- a handful, and copying hundreds of them into Lua would cost more than the read.
+  local count = 8
   while true do
-    local batch = redis.call('XRANGE', LOG, cursor, '+', 'COUNT', 512)
+    local batch = redis.call('XRANGE', LOG, cursor, '+', 'COUNT', count)
+    count = math.min(count * 2, 512)
     if #batch == 0 then return out end
     for _, e in ipairs(batch) do
       local pos = epos(e[1])

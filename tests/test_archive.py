@@ -26,8 +26,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from gateway import keys, offsets
-from gateway.archive import Archive
-from gateway.segments import Segment
+from gateway.archive import Archive, ColdReader, Row, to_table
+from gateway.segments import Segment, file_name
 from workers.archiver import Archiver, Policy
 
 from .conftest import free_port
@@ -424,3 +424,22 @@ def test_archive_command_uses_the_embedded_redis(tmp_path):
             if proc is not None and proc.poll() is None:
                 proc.terminate()
                 proc.wait(10)
+
+
+async def test_object_store_urls_go_through_fsspec():
+    """Non-local archives (S3 and friends) use fsspec's object calls; memory:// stands in here."""
+    archive = Archive(f"memory://ds-test-{uuid.uuid4().hex[:8]}")
+    assert not archive.local
+    rows = [Row(0, b"ab", 1_000), Row(2, b"c", 2_000, ("p", 0, 1))]
+    name = file_name("s/1", "inc", 0, 3, 1_000)
+    archive.write(name, to_table("s/1", "inc", "text/plain", rows))
+    assert archive.files() == [name]
+    got = archive.read(name).to_pylist()
+    assert [(r["data"], r["text"], r["producer_seq"]) for r in got] == [(b"ab", "ab", None), (b"c", "c", 1)]
+    cold = ColdReader(archive, 1 << 20)
+    segment = Segment(0, 3, 1_000, 2_000, name)
+    assert await cold.take(segment, 1, None, 10, False, 10) == [(1, b"b"), (2, b"c")]
+    archive.delete(name)
+    assert archive.files() == []
+    with pytest.raises(FileNotFoundError):
+        archive.read(name)

@@ -19,6 +19,7 @@ from gateway.headers import (
     validate_content_type,
 )
 from gateway.jsonmode import body_entries, split_messages, to_array
+from gateway.segments import Segment, bucket_of, file_name, take
 
 
 class TestOffsets:
@@ -189,6 +190,33 @@ class TestKeys:
         names = keys.stream_keys(sid)
         assert len({n.split("{", 1)[1].split("}", 1)[0] for n in names}) == 1
         assert keys.channel_stream_id(keys.notify_channel(sid)) == sid
+        assert keys.split_segments_key(keys.segments(sid, "abc123")) == (sid, "abc123")
+
+
+class TestSegments:
+    ENTRIES = [(0, b"abc"), (3, b"defg"), (7, b"h"), (8, b"ijklmn")]
+
+    def test_member_round_trip_and_file_names(self) -> None:
+        name = file_name("chat/{1}", "inc1", 0, 14, 1_763_700_000_000)
+        segment = Segment(0, 14, 1_763_700_000_000, 1_763_700_000_500, name)
+        assert Segment.parse(segment.member.encode()) == segment and segment.size == 14
+        assert name.startswith(f"date=2025-11-21/bucket={bucket_of('chat/{1}'):02d}/")
+        assert name.endswith("-inc1-0000000000000000-0000000000000014.parquet")
+        assert file_name("chat/{1}", "inc1", 0, 14, 1_763_700_000_000) == name  # retries overwrite
+        assert 0 <= bucket_of("x") < 16 and bucket_of("x") == bucket_of("x")
+
+    def test_take_cuts_bytes_like_the_log_does(self) -> None:
+        assert take(self.ENTRIES, 0, None, 100, False, 100) == self.ENTRIES
+        assert take(self.ENTRIES, 5, None, 100, False, 100) == [(5, b"fg"), (7, b"h"), (8, b"ijklmn")]
+        assert take(self.ENTRIES, 1, None, 4, False, 100) == [(1, b"bc"), (3, b"de")]
+        assert take(self.ENTRIES, 0, 9, 100, False, 100) == [(0, b"abc"), (3, b"defg"), (7, b"h"), (8, b"i")]
+        assert take(self.ENTRIES, 0, None, 100, False, 2) == [(0, b"abc"), (3, b"defg")]
+        assert take(self.ENTRIES, 14, None, 100, False, 100) == []
+
+    def test_take_never_cuts_json_messages(self) -> None:
+        assert take(self.ENTRIES, 3, None, 2, True, 100) == [(3, b"defg")]  # overruns the budget
+        assert take(self.ENTRIES, 4, None, 100, True, 100) == [(7, b"h"), (8, b"ijklmn")]
+        assert take(self.ENTRIES, 0, None, 0, True, 100) == []
 
 
 def test_durability_assessment() -> None:
