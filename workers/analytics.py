@@ -60,7 +60,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="also write the reports here as JSON lines")
     args = parser.parse_args(argv)
 
-    spark = SparkSession.builder.appName("durable-streams-archive").getOrCreate()
+    spark = (
+        SparkSession.builder.appName("durable-streams-archive")
+        .config("spark.sql.session.timeZone", "UTC")  # hours are UTC hours, like the date partitions
+        .getOrCreate()
+    )
     entries = load(spark, args.archive)
     if args.date:
         entries = entries.where(F.col("date") == F.lit(args.date))
