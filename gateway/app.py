@@ -88,6 +88,7 @@ def create_app(settings: Settings, redis_url: str) -> web.Application:
         fanout = Fanout(pubsub_client)
         await fanout.start()
         app[GATEWAY] = Gateway(settings=settings, store=store, fanout=fanout)
+        store.hints.enabled = settings.archive_hints
         app[HINTS_TASK] = asyncio.create_task(store.hints.run())
 
     async def shutdown(app: web.Application) -> None:

@@ -32,6 +32,7 @@ class Settings:
     log_level: str = "info"
     # the archive (serve reads it; `durable-streams archive` writes it)
     archive_url: str | None = None
+    archive_hints: bool = True
     archive_cache_bytes: int = 128 * 1024 * 1024
     archive_hot_bytes: int = 1024 * 1024
     archive_hot_seconds: float = 300.0
@@ -84,6 +85,8 @@ HELP = {
     "log_level": "debug, info, warning or error",
     "archive_url": "where archived Parquet files live: a directory or an fsspec URL such as "
     "s3://bucket/prefix (needs s3fs); unset: <data-dir>/archive",
+    "archive_hints": "tell archive workers which streams got appends (one Redis call per second per "
+    "process); turn off when no archive worker runs, so hints do not pile up in Redis",
     "archive_cache_bytes": "memory for archive files decoded for cold reads (per process)",
     "archive_hot_bytes": "newest bytes of each stream kept in Redis (0 allowed)",
     "archive_hot_seconds": "entries younger than this stay in Redis (0 allowed)",

@@ -23,10 +23,12 @@ class Hints:
     def __init__(self, redis: Redis, interval: float = 1.0) -> None:
         self.redis = redis
         self.interval = interval
+        self.enabled = True
         self._marked: set[str] = set()
 
     def mark(self, sid: str) -> None:
-        self._marked.add(sid)
+        if self.enabled:
+            self._marked.add(sid)
 
     async def flush(self) -> None:
         if not self._marked:
