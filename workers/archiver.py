@@ -217,7 +217,11 @@ class Archiver:
                 break
             for entry_id, fields in page:
                 row = _row(entry_id, fields)
-                if row.position + len(row.data) > limit or row.append_ms > young:
+                if row.position + len(row.data) > limit:
+                    done = True
+                    break
+                if row.append_ms > young:  # past the byte window, not yet old enough: look again then
+                    await self.hint(sid, row.append_ms + policy.hot_ms + 1)
                     done = True
                     break
                 if not rows:
@@ -320,7 +324,8 @@ class Archiver:
         for key, (tail, arch, base, inc) in zip(meta_keys, states, strict=True):
             if tail is None:
                 continue
-            if int(tail) > int(arch or base or 0) or (self.policy.retention_ms and inc):
+            past_window = int(tail) - self.policy.hot_bytes > int(arch or base or 0)
+            if past_window or (self.policy.retention_ms and inc):
                 due[keys.key_stream_id(key)] = now
         if due:
             await self.redis.zadd(keys.ARCHIVE_HINTS, due, nx=True)
