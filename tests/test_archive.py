@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
@@ -443,3 +444,44 @@ async def test_object_store_urls_go_through_fsspec():
     assert archive.files() == []
     with pytest.raises(FileNotFoundError):
         archive.read(name)
+
+
+@pytest.fixture
+def s3_url(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A bucket on a local S3 (moto's server): the real S3 API, through s3fs."""
+    pytest.importorskip("s3fs", reason="s3fs is the [s3] extra")
+    moto_server = pytest.importorskip("moto.server", reason="moto[server] is in the [test] extra")
+    import boto3
+
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    for name, value in (("AWS_ACCESS_KEY_ID", "test"), ("AWS_SECRET_ACCESS_KEY", "test"),
+                        ("AWS_DEFAULT_REGION", "us-east-1"), ("AWS_ENDPOINT_URL", endpoint)):  # fmt: skip
+        monkeypatch.setenv(name, value)
+    bucket = f"ds-{uuid.uuid4().hex[:8]}"
+    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=bucket)
+    yield f"s3://{bucket}/streams"
+    server.stop()
+
+
+async def test_s3_archive_end_to_end(http, redis, redis_url, s3_url):
+    """Worker writes to S3, the gateway reads from it, deletion removes the objects."""
+    from .conftest import start_gateway
+
+    server = await start_gateway(redis_url, archive_url=s3_url, max_chunk_bytes=64)
+    try:
+        url = str(server.make_url(f"/v1/stream/s3-{uuid.uuid4().hex[:8]}"))
+        await create(http, url, "text/plain", *(f"entry {n};".encode() for n in range(20)))
+        hot = await transcript(http, url)
+        archive = Archive(s3_url)
+        await Archiver(redis, archive, HOT0).archive_stream(sid_of(url))
+        assert await log_length(redis, url) == 0 and len(archive.files()) == 1
+        assert await transcript(http, url) == hot
+        async with http.delete(url) as r:
+            assert r.status == 204
+        await Archiver(redis, archive, HOT0).reconcile(force=True)
+        assert archive.files() == []
+    finally:
+        await server.close()
