@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 import redis.asyncio as aioredis
 import redis.exceptions
 from aiohttp import web
 
-from . import durability, handlers
+from . import durability, handlers, metrics
 from .archive import Archive, ColdReader
 from .config import Settings, from_env
 from .context import GATEWAY, Gateway
@@ -37,6 +38,38 @@ async def protocol_errors(request: web.Request, handler: Handler) -> web.StreamR
     except redis.exceptions.ResponseError as exc:  # e.g. OOM at maxmemory: Redis refused the write
         log.error("redis refused a command: %s", exc)
         return web.Response(status=503, text="storage refused the request\n", headers={"Retry-After": "5"})
+
+
+def _route(request: web.Request, prefix: str) -> str:
+    """A low-cardinality name for the metrics: never the stream path."""
+    if request.path.startswith(prefix):
+        mode = request.query.get("live") if request.method == "GET" else None
+        return f"stream-{mode}" if mode in ("sse", "long-poll") else "stream"
+    return request.path.strip("/") if request.path in ("/healthz", "/readyz", "/metrics") else "other"
+
+
+def _observe(prefix: str) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+    @web.middleware
+    async def observe(request: web.Request, handler: Handler) -> web.StreamResponse:
+        route, started = _route(request, prefix), time.perf_counter()
+        status = 500
+        try:
+            response = await handler(request)
+            status = response.status
+            return response
+        except web.HTTPException as exc:
+            status = exc.status
+            raise
+        finally:
+            metrics.REQUESTS.labels(route, request.method, str(status)).inc()
+            metrics.REQUEST_SECONDS.labels(route, request.method).observe(time.perf_counter() - started)
+
+    return observe
+
+
+async def metrics_page(request: web.Request) -> web.Response:
+    body, content_type = metrics.render()
+    return web.Response(body=body, headers={"Content-Type": content_type})
 
 
 async def _security_headers(request: web.Request, response: web.StreamResponse) -> None:
@@ -74,7 +107,8 @@ async def app_from_env() -> web.Application:
 
 def create_app(settings: Settings, redis_url: str) -> web.Application:
     """The gateway app for one process; it connects to ``redis_url`` on startup."""
-    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[protocol_errors])
+    middlewares = [_observe(settings.prefix.rstrip("/") + "/"), protocol_errors]
+    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=middlewares)
     app.on_response_prepare.append(_security_headers)
 
     async def startup(app: web.Application) -> None:
@@ -114,4 +148,5 @@ def create_app(settings: Settings, redis_url: str) -> web.Application:
     app.router.add_route("OPTIONS", route, handlers.options_stream)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics_page)
     return app

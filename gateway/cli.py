@@ -5,13 +5,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
+import shutil
 import signal
 import sys
+import tempfile
 
 from aiohttp import web
 
 from . import __version__, config
-from .app import create_app
 from .embedded import EmbeddedRedis
 
 
@@ -63,6 +65,8 @@ def serve(settings: config.Settings) -> None:
         if settings.workers > 1:
             _run_gunicorn(settings, redis_url)
             return
+        from .app import create_app
+
         _install_uvloop()
         app = create_app(settings, redis_url)
         web.run_app(
@@ -109,9 +113,17 @@ def _run_gunicorn(settings: config.Settings, redis_url: str) -> None:
 
     from . import gunicorn_conf
 
+    # Workers' metrics add up through files here (gateway/metrics.py); set before
+    # anything imports prometheus-client, which reads it once.
+    own_dir = None
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        own_dir = os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="durable-streams-metrics-")
+    from .app import create_app  # after the variable: prometheus-client reads it at import
+
     class Gateway(BaseApplication):  # type: ignore[misc]
         def load_config(self) -> None:
-            for name in ("worker_class", "graceful_timeout", "timeout", "keepalive", "accesslog"):
+            for name in ("worker_class", "graceful_timeout", "timeout", "keepalive", "accesslog",
+                         "on_starting", "child_exit"):  # fmt: skip
                 self.cfg.set(name, getattr(gunicorn_conf, name))
             self.cfg.set("bind", f"{settings.host}:{settings.port}")
             self.cfg.set("workers", settings.workers)
@@ -123,7 +135,11 @@ def _run_gunicorn(settings: config.Settings, redis_url: str) -> None:
 
             return factory
 
-    Gateway().run()
+    try:
+        Gateway().run()
+    finally:
+        if own_dir:
+            shutil.rmtree(own_dir, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:

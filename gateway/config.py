@@ -42,6 +42,7 @@ class Settings:
     archive_interval: float = 1.0
     archive_reconcile_seconds: float = 60.0
     archive_lease_seconds: float = 30.0
+    metrics_port: int = 0
     retention_seconds: float = 0.0
 
     @property
@@ -50,7 +51,7 @@ class Settings:
 
 
 # Which command takes which settings (the rest are `serve`'s alone).
-COMMON = ("redis_url", "data_dir", "archive_url", "log_level")
+COMMON = ("host", "redis_url", "data_dir", "archive_url", "log_level")
 WORKER = (
     "archive_hot_bytes",
     "archive_hot_seconds",
@@ -61,6 +62,7 @@ WORKER = (
     "archive_reconcile_seconds",
     "archive_lease_seconds",
     "retention_seconds",
+    "metrics_port",
 )
 
 
@@ -98,6 +100,7 @@ HELP = {
     "archives of deleted or expired streams (one worker scans at a time)",
     "archive_lease_seconds": "how long a stream stays claimed by a worker that stopped answering "
     "(renewed after every file; a crashed worker's streams are taken over after this)",
+    "metrics_port": "serve Prometheus metrics on this port at --host (0: off)",
     "retention_seconds": "drop archived data older than this while the stream goes on; reads "
     "of it answer 410 (0: keep everything)",
 }

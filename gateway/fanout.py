@@ -28,7 +28,7 @@ from typing import Protocol
 
 from redis.asyncio import Redis
 
-from . import keys, notices
+from . import keys, metrics, notices
 
 log = logging.getLogger(__name__)
 _CONFIRM_WAIT_SECONDS = 5.0
@@ -178,6 +178,7 @@ class Fanout:
         if channel is None:
             channel = _Channel(asyncio.get_running_loop().create_future())
             self._channels[name] = channel
+            metrics.SUBSCRIPTIONS.set(len(self._channels))
             await self._subscribe(name)
         event = asyncio.Event()
         channel.waiters.add(event)
@@ -233,6 +234,7 @@ class Fanout:
         ]
         for name in idle:
             del self._channels[name]
+            metrics.SUBSCRIPTIONS.set(len(self._channels))
         if idle:
             await pubsub.unsubscribe(*idle)
 

@@ -9,6 +9,9 @@ Sizing: one worker per core is the usual start; each worker holds one pub/sub
 connection and a small Redis pool, and serves thousands of idle SSE/long-poll
 connections. Each connection is a file descriptor: raise ``ulimit -n`` to
 (expected connections per worker x 1.2) or more.
+
+Metrics: set ``PROMETHEUS_MULTIPROC_DIR`` to an empty, writable directory so
+``/metrics`` on any worker reports all workers (see gateway/metrics.py).
 """
 
 import os
@@ -23,3 +26,20 @@ graceful_timeout = 30
 timeout = 60  # a worker silent this long is restarted
 keepalive = 75  # longer than common load-balancer idle timeouts
 accesslog = None
+
+
+def on_starting(server) -> None:
+    """Metrics files of an earlier run would be counted as if alive: start clean."""
+    folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if folder and os.path.isdir(folder):
+        for name in os.listdir(folder):
+            if name.endswith(".db"):
+                os.remove(os.path.join(folder, name))
+
+
+def child_exit(server, worker) -> None:
+    """A dead worker's live gauges must stop counting."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(worker.pid)

@@ -6,7 +6,7 @@ from urllib.parse import unquote
 
 from aiohttp import web
 
-from . import caching, cursor, keys, live, offsets, responses
+from . import caching, cursor, keys, live, metrics, offsets, responses
 from .context import gateway_of
 from .errors import ProtocolError, bad_request
 from .headers import (
@@ -154,9 +154,11 @@ async def get_stream(request: web.Request) -> web.StreamResponse:
     if mode in ("sse", "long-poll") and "offset" not in query:
         raise bad_request(f"live={mode} needs an offset")
     if mode == "sse":
-        return await live.sse(request, gw, sid, start, cursor.response_cursor(client_cursor))
+        with metrics.LIVE_CONNECTIONS.labels("sse").track_inprogress():
+            return await live.sse(request, gw, sid, start, cursor.response_cursor(client_cursor))
     if mode == "long-poll":
-        return await live.long_poll(request, gw, sid, start, cursor.response_cursor(client_cursor))
+        with metrics.LIVE_CONNECTIONS.labels("long-poll").track_inprogress():
+            return await live.long_poll(request, gw, sid, start, cursor.response_cursor(client_cursor))
     if mode is not None:
         raise bad_request("live must be long-poll or sse")
     chunk = await gw.store.read(sid, start)

@@ -9,13 +9,14 @@ step say why an interruption between steps is harmless.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import redis.exceptions
 from redis.asyncio import Redis
 
-from . import keys, offsets
+from . import keys, metrics, offsets
 from .archive import ColdReader
 from .errors import ProtocolError, bad_request
 from .headers import (
@@ -172,7 +173,14 @@ class Store:
         self._shared_reads: SingleFlight[Chunk] = SingleFlight()
 
     async def _call(self, name: str, sid: str, *args: Any) -> Any:
-        return await self.scripts.call(name, keys.stream_keys(sid), list(args))
+        started = time.perf_counter()
+        try:
+            return await self.scripts.call(name, keys.stream_keys(sid), list(args))
+        except Exception as exc:
+            metrics.REDIS_ERRORS.labels(name, type(exc).__name__).inc()
+            raise
+        finally:
+            metrics.REDIS_SECONDS.labels(name).observe(time.perf_counter() - started)
 
     # -- create -------------------------------------------------------------
 
@@ -326,8 +334,10 @@ class Store:
         )
         status = _text(result[0])
         if status in ("ok", "dup"):
-            if entries:
+            if entries and status == "ok":
                 self.hints.mark(sid)
+                metrics.APPENDS.inc()
+                metrics.APPENDED_BYTES.inc(sum(map(len, entries)))
             return AppendResult(
                 status=status,
                 tail=int(result[1]),

@@ -10,6 +10,7 @@ import time
 import urllib.request
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.embedded import find_redis_server
 
@@ -106,6 +107,11 @@ def test_workers_share_one_port(tmp_path) -> None:
                 assert r.status == 204
         with urllib.request.urlopen(base) as r:
             assert r.read() == b"a" + b"b" * 20
+        # /metrics adds up the workers (multiprocess mode), whichever worker answers.
+        for _ in range(4):
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics") as r:
+                families = {f.name: f for f in text_string_to_metric_families(r.read().decode())}
+            assert sum(s.value for s in families["ds_appends"].samples if s.name == "ds_appends_total") == 20
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(40) == 0

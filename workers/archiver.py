@@ -35,7 +35,7 @@ from typing import Any
 import pyarrow as pa
 from redis.asyncio import Redis
 
-from gateway import keys
+from gateway import keys, metrics
 from gateway.archive import Archive, Row, to_table
 from gateway.scripts import Scripts
 from gateway.segments import GARBAGE, PENDING, Segment, file_name, utc_date
@@ -124,7 +124,9 @@ class Archiver:
 
     async def work_once(self, limit: int = 64) -> int:
         """Archive the streams whose hints are due; returns how many were taken."""
-        due = await self.redis.zrangebyscore(keys.ARCHIVE_HINTS, "-inf", now_ms(), start=0, num=limit)
+        now = now_ms()
+        due = await self.redis.zrangebyscore(keys.ARCHIVE_HINTS, "-inf", now, start=0, num=limit)
+        await self._report_backlog(now)
         taken = 0
         for raw in due:
             if await self.redis.zrem(keys.ARCHIVE_HINTS, raw) != 1:
@@ -137,6 +139,12 @@ class Archiver:
                 log.exception("archiving %s failed; will retry", keys.path_of(sid))
                 await self.hint(sid, now_ms() + 5000)
         return taken
+
+    async def _report_backlog(self, now: int) -> None:
+        oldest = await self.redis.zrange(keys.ARCHIVE_HINTS, 0, 0, withscores=True)
+        waited = max(0.0, (now - oldest[0][1]) / 1000) if oldest else 0.0
+        metrics.ARCHIVE_LAG.labels(self.name).set(waited)
+        metrics.ARCHIVE_DUE.labels(self.name).set(await self.redis.zcount(keys.ARCHIVE_HINTS, "-inf", now))
 
     async def hint(self, sid: str, when_ms: int) -> None:
         await self.redis.zadd(keys.ARCHIVE_HINTS, {sid: when_ms}, lt=True)
@@ -266,8 +274,11 @@ class Archiver:
             await asyncio.to_thread(self.archive.delete, segment.file)
             await self._call("archive_forget", sid, inc, segment.member)
             return False
-        self.archived_bytes += sum(len(r.data) for r in rows)
+        archived = sum(len(r.data) for r in rows)
+        self.archived_bytes += archived
         self.files_written += 1
+        metrics.ARCHIVED_BYTES.labels(self.name).inc(archived)
+        metrics.ARCHIVE_FILES.labels(self.name).inc()
         if _text(result[1]):
             await self._remove(sid, inc, [Segment.parse(result[1])])
         return True
@@ -361,6 +372,10 @@ async def run_worker(settings: Any, redis_url: str, stop: asyncio.Event) -> None
         lease_seconds=settings.archive_lease_seconds,
     )
     log.info("archiving to %s as %s", settings.archive_location, archiver.name)
+    if settings.metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(settings.metrics_port, addr=settings.host)
     try:
         await archiver.run(stop)
     finally:
