@@ -144,6 +144,8 @@ def _run_gunicorn(settings: config.Settings, redis_url: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):  # e.g. /tmp/metrics in the image: may not exist yet
+        os.makedirs(os.environ["PROMETHEUS_MULTIPROC_DIR"], exist_ok=True)
     settings = config.from_namespace(args)
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -1,0 +1,215 @@
+"""The Helm chart and the container image, checked without Kubernetes or Docker.
+
+Always: values.yaml against values.schema.json, the static YAML, every value
+the templates use exists and is documented, every DURABLE_STREAMS_* variable
+they set is a real setting, and the Dockerfile's entrypoint runs from the
+wheel it installs. With ``helm`` on PATH also: helm lint, helm template, and
+kubeconform (or kubernetes-validate) on the rendered manifests.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+import zipfile
+from dataclasses import fields
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from gateway.config import Settings, env_name
+
+from .conftest import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+CHART = ROOT / "helm" / "durable-streams"
+VALUES = yaml.safe_load((CHART / "values.yaml").read_text())
+SCHEMA = json.loads((CHART / "values.schema.json").read_text())
+TEMPLATES = {p.name: p.read_text() for p in (CHART / "templates").iterdir()}
+# Values whose contents are free-form maps or lists handed to Kubernetes or to Bitnami's chart.
+OPAQUE = ("resources", "extraEnv", "podSecurityContext", "securityContext", "annotations",
+          "labels", "podLabels", "podAnnotations", "nodeSelector", "affinity")  # fmt: skip
+
+
+def value_paths(node: object, prefix: str = "", leaves_only: bool = False) -> list[str]:
+    """Dotted paths of values.yaml; ``leaves_only``: the settable ones (not sections)."""
+    out = []
+    if isinstance(node, dict):
+        for key, child in node.items():
+            path = f"{prefix}.{key}" if prefix else key
+            section = isinstance(child, dict) and key not in OPAQUE
+            if not (leaves_only and section):
+                out.append(path)
+            if section:
+                out += value_paths(child, path, leaves_only)
+    return out
+
+
+def test_values_match_the_schema() -> None:
+    jsonschema.validate(VALUES, SCHEMA)
+    for broken in ({"gateway": {"workers": 0}}, {"gatewy": {}}, {"ingress": {"controller": "haproxy"}},
+                   {"externalRedis": {"url": "http://not-redis"}}):  # fmt: skip
+        values = copy.deepcopy(VALUES)
+        for key, child in broken.items():
+            values[key] = {**values.get(key, {}), **child} if key in values else child
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(values, SCHEMA)
+
+
+def test_static_yaml() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["apiVersion"] == "v2" and chart["name"] == "durable-streams"
+    assert re.fullmatch(r"\d+\.\d+\.\d+", chart["version"]) and chart["appVersion"]
+    (redis,) = chart["dependencies"]
+    assert redis["name"] == "redis" and redis["condition"] == "redis.enabled"
+    assert "appendfsync always" in VALUES["redis"]["commonConfiguration"]
+    assert set(TEMPLATES) >= {"gateway-deployment.yaml", "service.yaml", "ingress.yaml", "hpa.yaml",
+                              "pdb.yaml", "archive-deployment.yaml", "spark-cronjob.yaml", "secret.yaml",
+                              "servicemonitor.yaml", "NOTES.txt", "_helpers.tpl"}  # fmt: skip
+
+
+def test_every_value_used_exists_and_every_value_is_documented() -> None:
+    known = set(value_paths(VALUES))
+    used = {m for text in TEMPLATES.values() for m in re.findall(r"\.Values\.([A-Za-z0-9_.]+)", text)}
+    assert used, "no values used?"
+    assert used <= known, f"templates use values missing from values.yaml: {sorted(used - known)}"
+    rows = [line for line in (CHART / "README.md").read_text().splitlines() if line.startswith("| `")]
+
+    def documented(path: str) -> bool:  # `a.b.c` itself, or `a.b.x`, `.c` in one table row
+        parent, _, leaf = path.rpartition(".")
+        return any(
+            f"`{path}`" in row or (parent and f"`{parent}." in row and f"`.{leaf}`" in row) for row in rows
+        )
+
+    undocumented = sorted(p for p in value_paths(VALUES, leaves_only=True) if not documented(p))
+    assert not undocumented, f"values missing from the chart README: {undocumented}"
+    assert set(SCHEMA["properties"]) == set(VALUES), (
+        "the schema and values.yaml list different top-level keys"
+    )
+
+
+def test_environment_variables_are_real_settings() -> None:
+    settings = {env_name(f.name) for f in fields(Settings)}
+    used = {m for text in TEMPLATES.values() for m in re.findall(r"\b(DURABLE_STREAMS_[A-Z_]+)\b", text)}
+    assert used and used <= settings, sorted(used - settings)
+
+
+def test_pods_are_locked_down_and_drain_sse() -> None:
+    security = VALUES["securityContext"]
+    assert security["readOnlyRootFilesystem"] and not security["allowPrivilegeEscalation"]
+    assert VALUES["podSecurityContext"]["runAsNonRoot"]
+    gateway = VALUES["gateway"]
+    assert gateway["terminationGracePeriodSeconds"] > gateway["preStopSleepSeconds"] + 30
+    assert VALUES["ingress"]["timeoutSeconds"] > max(
+        gateway["sseCycleSeconds"], gateway["longPollTimeoutSeconds"]
+    )
+    deployment = TEMPLATES["gateway-deployment.yaml"]
+    assert "path: /healthz" in deployment and "path: /readyz" in deployment and "preStop" in deployment
+    assert "proxy-buffering" in TEMPLATES["ingress.yaml"]
+
+
+def _helm() -> str:
+    helm = shutil.which("helm")
+    if helm is None:
+        print("SKIP reason: no `helm` binary on PATH; static checks above still ran")
+        pytest.skip("no `helm` binary on PATH (static chart checks still ran)")
+    return helm
+
+
+def test_helm_lint_and_template_validate() -> None:
+    helm = _helm()
+    args = ["--set", "externalRedis.url=redis://redis:6379/0", "--set", "ingress.enabled=true",
+            "--set", "spark.enabled=true", "--set", "metrics.serviceMonitor.enabled=true"]  # fmt: skip
+    subprocess.run([helm, "dependency", "build", str(CHART)], check=False, capture_output=True)
+    subprocess.run([helm, "lint", str(CHART), *args], check=True)
+    rendered = subprocess.run([helm, "template", "t", str(CHART), *args], check=True, capture_output=True,
+                              text=True).stdout  # fmt: skip
+    kinds = {doc["kind"] for doc in yaml.safe_load_all(rendered) if doc}
+    assert {"Deployment", "Service", "Ingress", "HorizontalPodAutoscaler", "PodDisruptionBudget", "CronJob",
+            "ServiceMonitor", "Secret"} <= kinds  # fmt: skip
+    validator = shutil.which("kubeconform")
+    if validator:
+        subprocess.run([validator, "-strict", "-ignore-missing-schemas", "-summary"], input=rendered,
+                       text=True, check=True)  # fmt: skip
+    else:
+        print("kubeconform not on PATH: rendered manifests parsed, not schema-validated")
+
+
+# -- the image -----------------------------------------------------------------
+
+
+def dockerfile_command(target: str = "runtime") -> list[str]:
+    """ENTRYPOINT + CMD of a stage of the Dockerfile."""
+    stage, found = None, {}
+    for line in (ROOT / "Dockerfile").read_text().splitlines():
+        if line.startswith("FROM "):
+            stage = line.split(" AS ")[-1].strip() if " AS " in line else None
+        elif stage == target and line.split(" ", 1)[0] in ("ENTRYPOINT", "CMD"):
+            found[line.split(" ", 1)[0]] = json.loads(line.split(" ", 1)[1])
+    return found["ENTRYPOINT"] + found.get("CMD", [])
+
+
+def dockerfile_env() -> dict[str, str]:
+    text = (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
+    runtime = text.split(" AS runtime", 1)[1].split("FROM ", 1)[0]
+    env_line = next(line for line in runtime.splitlines() if line.startswith("ENV "))
+    return dict(pair.split("=", 1) for pair in env_line[4:].split())
+
+
+def test_the_image_entrypoint_runs_from_the_wheel(tmp_path, redis_url) -> None:
+    """Build the wheel the Dockerfile installs, install it alone, and start the image's command."""
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w",
+                    str(tmp_path / "wheels"), str(ROOT)], check=True)  # fmt: skip
+    (wheel,) = (tmp_path / "wheels").glob("durable_streams_redis-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "gateway/lua/append.lua" in names and "workers/archiver.py" in names and "gateway/app.py" in names
+    # A venv of its own holding the wheel; the dependencies come from this test run's
+    # environment through a .pth line (which does not bring the repository's editable install).
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    import aiohttp
+
+    Path(site, "deps.pth").write_text(str(Path(aiohttp.__file__).parent.parent) + "\n")
+    subprocess.run([python, "-m", "pip", "install", "--no-deps", "-q", str(wheel)], check=True)
+    target = venv
+    command = dockerfile_command()
+    assert command == ["durable-streams", "serve"]
+    assert dockerfile_command("spark")[:3] == ["python", "-m", "workers.analytics"]
+    port = free_port()
+    env = {**os.environ, **dockerfile_env(), "DURABLE_STREAMS_PORT": str(port),
+           "DURABLE_STREAMS_REDIS_URL": redis_url, "DURABLE_STREAMS_WORKERS": "2",
+           "PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "metrics")}  # fmt: skip
+    env["DURABLE_STREAMS_HOST"] = "127.0.0.1"  # the image listens on 0.0.0.0; loopback is enough here
+    proc = subprocess.Popen([str(target / "bin" / command[0]), *command[1:]], env=env, cwd=tmp_path)
+    try:
+        for _ in range(150):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as r:
+                    assert r.status == 200
+                break
+            except OSError:
+                assert proc.poll() is None, "the entrypoint exited"
+                time.sleep(0.1)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics") as r:
+            assert b"ds_http_requests_total" in r.read()
+        which = subprocess.run([python, "-c", "import gateway; print(gateway.__file__)"], env=env,
+                               cwd=tmp_path, capture_output=True, text=True, check=True).stdout  # fmt: skip
+        assert which.startswith(site), "ran the repository, not the wheel"
+        archive = subprocess.run([str(target / "bin" / command[0]), "archive", "--help"], env=env,
+                                 capture_output=True, text=True)  # fmt: skip
+        assert archive.returncode == 0 and "--archive-url" in archive.stdout
+    finally:
+        proc.terminate()
+        assert proc.wait(40) == 0
