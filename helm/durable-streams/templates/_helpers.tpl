@@ -67,33 +67,29 @@ redis-url
 {{- if and .Values.archive.enabled (not .Values.archive.url) -}}true{{- end -}}
 {{- end -}}
 
-{{/* Settings shared by every container: Redis, archive location and S3 access. */}}
-{{- define "ds.commonEnv" -}}
+{{/* The Redis URL (from its Secret); the rest comes from the settings ConfigMap. */}}
+{{- define "ds.redisEnv" -}}
 - name: DURABLE_STREAMS_REDIS_URL
   valueFrom:
     secretKeyRef:
       name: {{ include "ds.redisSecret" . }}
       key: {{ include "ds.redisSecretKey" . }}
-- name: DURABLE_STREAMS_ARCHIVE_URL
-  value: {{ include "ds.archiveUrl" . | quote }}
-- name: DURABLE_STREAMS_DATA_DIR
-  value: /tmp/data
-{{- with .Values.archive.s3.endpoint }}
-- name: AWS_ENDPOINT_URL
-  value: {{ . | quote }}
-{{- end }}
-{{- with .Values.archive.s3.region }}
-- name: AWS_DEFAULT_REGION
-  value: {{ . | quote }}
-{{- end }}
 {{- end -}}
 
-{{- define "ds.commonEnvFrom" -}}
-{{- with .Values.archive.s3.existingSecret }}
+{{- define "ds.envFrom" -}}
 envFrom:
+  - configMapRef:
+      name: {{ include "ds.fullname" . }}-settings
+  {{- with .Values.archive.s3.existingSecret }}
   - secretRef:
       name: {{ . }}
-{{- end }}
+  {{- end }}
+{{- end -}}
+
+{{/* Restart pods when their settings change. */}}
+{{- define "ds.checksums" -}}
+checksum/settings: {{ include (print $.Template.BasePath "/configmap.yaml") . | sha256sum }}
+checksum/secret: {{ include (print $.Template.BasePath "/secret.yaml") . | sha256sum }}
 {{- end -}}
 
 {{- define "ds.extraEnv" -}}
