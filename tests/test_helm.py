@@ -97,6 +97,22 @@ def test_every_value_used_exists_and_every_value_is_documented() -> None:
     )
 
 
+def test_template_actions_are_balanced() -> None:
+    """Without helm, at least every {{ if/with/range/define }} has its {{ end }}."""
+    for name, text in TEMPLATES.items():
+        actions = re.findall(r"\{\{-?\s*(.*?)\s*-?\}\}", text, flags=re.S)
+        assert text.count("{{") == text.count("}}") == len(actions), name
+        depth = 0
+        for action in actions:
+            word = action.split(" ", 1)[0]
+            if word in ("if", "with", "range", "define"):
+                depth += 1
+            elif word == "end":
+                depth -= 1
+                assert depth >= 0, f"{name}: an end too many"
+        assert depth == 0, f"{name}: {depth} block(s) not ended"
+
+
 def test_environment_variables_are_real_settings() -> None:
     settings = {env_name(f.name) for f in fields(Settings)}
     used = {m for text in TEMPLATES.values() for m in re.findall(r"\b(DURABLE_STREAMS_[A-Z_]+)\b", text)}
