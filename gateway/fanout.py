@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Hashable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -59,6 +60,7 @@ class _Channel:
     confirmed: asyncio.Future[None]
     waiters: set[asyncio.Event] = field(default_factory=set)
     idle_since: float | None = None
+    notified_at: float = 0.0  # time.monotonic() of the last notice or (re)subscription
     recent: notices.Recent = field(default_factory=notices.Recent)
     parked: dict[asyncio.Event, Sink] = field(default_factory=dict)
 
@@ -69,6 +71,7 @@ class _Channel:
         it was busy, so a sink gets one write however many appends it covers:
         writes per second stay bounded and latency degrades gracefully.
         """
+        self.notified_at = time.monotonic()
         for notice in batch:
             self.recent.add(notice)
         deliveries: dict[int, notices.Delivery | None] = {}  # sinks mostly share a position
@@ -111,6 +114,13 @@ class Watch:
         self._fanout = fanout
         self._channel = channel
         self._event = event
+        self._confirmed_at = time.monotonic()
+
+    @property
+    def since(self) -> float:
+        """Reads that started before this may miss what the reader was told of:
+        the subscription's confirmation, or the channel's latest notice."""
+        return max(self._confirmed_at, self._channel.notified_at)
 
     def delivery(self, start: int) -> notices.Delivery | None:
         """What the latest notices say happened from ``start`` on, when they
@@ -218,6 +228,7 @@ class Fanout:
                 if name in batches:  # keep the order: earlier notices first
                     channel.deliver(batches.pop(name))
                 channel.recent.clear()  # what was published while we were away is unknown
+                channel.notified_at = time.monotonic()
                 if not channel.confirmed.done():
                     channel.confirmed.set_result(None)
                 for event in channel.waiters:

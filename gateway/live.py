@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import time
 from dataclasses import replace
 
 from aiohttp import HttpVersion11, web
@@ -60,7 +61,7 @@ async def _after(gw: Gateway, sid: str, watch: Watch, chunk: Chunk) -> Chunk:
     process's other readers at the same offset."""
     delivery = watch.delivery(chunk.end)
     if delivery is None:
-        return await gw.store.read_shared(sid, chunk.end)
+        return await gw.store.read_shared(sid, chunk.end, watch.since)
     key = ("chunk", chunk.meta.sid, chunk.meta.created)  # one Chunk for all readers it reaches
     shared = delivery.cache.get(key)
     if shared is None:
@@ -77,7 +78,7 @@ async def long_poll(
     If Redis goes away while we wait, we keep trying until the timeout and then
     answer with the last tail we knew; the client simply polls again.
     """
-    chunk = await gw.store.read_shared(sid, start)
+    chunk = await gw.store.read_shared(sid, start, time.monotonic())
     if not chunk.entries and not chunk.meta.closed:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + gw.settings.long_poll_timeout
@@ -86,7 +87,7 @@ async def long_poll(
             while True:
                 try:
                     if recheck:
-                        chunk = await gw.store.read_shared(sid, chunk.start)
+                        chunk = await gw.store.read_shared(sid, chunk.start, watch.since)
                     else:
                         chunk = await _after(gw, sid, watch, chunk)
                 except UNAVAILABLE:
@@ -118,7 +119,7 @@ async def sse(
     event saying where to resume. A Redis outage does not end it: reads are
     retried, and the fan-out wakes every reader once Redis is back.
     """
-    chunk = await gw.store.read_shared(sid, start)  # 404 and friends before the stream starts
+    chunk = await gw.store.read_shared(sid, start, time.monotonic())  # 404 and friends first
     text = is_text(chunk.meta.content_type)
     headers = {"Content-Type": "text/event-stream", "Cache-Control": caching.SSE, "X-Accel-Buffering": "no"}
     if not text:

@@ -55,5 +55,6 @@ class Scripts:
     def shas(self) -> list[str]:
         return [script.sha for script in self._scripts.values()]
 
-    async def call(self, name: str, keys: list[str], args: list[Any]) -> Any:
-        return await self._scripts[name](keys=keys, args=args)
+    async def call(self, name: str, keys: list[str], args: list[Any], client: Any = None) -> Any:
+        """Run a script (or, with a pipeline as ``client``, queue it there)."""
+        return await self._scripts[name](keys=keys, args=args, client=client)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +19,7 @@ from redis.asyncio import Redis
 
 from . import keys, metrics, offsets
 from .archive import ColdReader
+from .batching import Batcher
 from .errors import ProtocolError, bad_request
 from .headers import (
     DEFAULT_CONTENT_TYPE,
@@ -45,6 +47,7 @@ UNAVAILABLE = (
     redis.exceptions.BusyLoadingError,
 )
 _UNLIMITED = 2**50
+APPEND_LANES = 4  # concurrent append round trips per process
 Segment = tuple[str, int, int]  # (stream id, from position, to position), to exclusive
 
 
@@ -142,6 +145,24 @@ class CreateSpec:
 
 
 @dataclass(frozen=True)
+class _Append:
+    """One POST on its way to append.lua."""
+
+    media_type: str  # '' when there is no body
+    close: bool
+    stream_seq: str  # '' none
+    producer: Producer | None
+    entries: list[bytes]
+
+    def script_args(self) -> list[Any]:
+        """This append's part of append.lua's ARGV."""
+        p = self.producer
+        head = [self.media_type, "1" if self.close else "0", self.stream_seq]
+        head += [p.id, p.epoch, p.seq] if p else ["", "", ""]
+        return [*head, len(self.entries), *self.entries]
+
+
+@dataclass(frozen=True)
 class AppendResult:
     status: str  # ok | dup
     tail: int
@@ -167,6 +188,9 @@ class Store:
         self.redis = redis
         self.cold = cold
         self.hints = Hints(redis)
+        self._appends: Batcher[tuple[str, _Append], Any] = Batcher(
+            self._append_pipeline, size=lambda item: sum(map(len, item[1].entries))
+        )
         self.scripts = Scripts(redis)
         self.max_chunk_bytes = max_chunk_bytes
         self.notice_payload_bytes = notice_payload_bytes
@@ -320,18 +344,12 @@ class Store:
         stream_seq: str | None,
         producer: Producer | None,
     ) -> AppendResult:
-        result = await self._call(
-            "append",
-            sid,
-            media_type if entries else "",
-            "1" if close else "0",
-            stream_seq or "",
-            producer.id if producer else "",
-            producer.epoch if producer else "",
-            producer.seq if producer else "",
-            self.notice_payload_bytes,
-            *entries,
-        )
+        """POST. Concurrent appends to one stream go to Redis together (see batching.py)."""
+        request = _Append(media_type if entries else "", close, stream_seq or "", producer, entries)
+        # Appends wait in one of a few lanes (a stream always in the same one): whatever
+        # arrives while a lane's Redis round trip runs goes in its next one.
+        lane = str(zlib.crc32(sid.encode()) % APPEND_LANES)
+        result = await self._appends.submit(lane, (sid, request))
         status = _text(result[0])
         if status in ("ok", "dup"):
             if entries and status == "ok":
@@ -346,6 +364,40 @@ class Store:
                 producer_seq=int(result[4]) if status == "dup" else (producer.seq if producer else None),
             )
         raise _append_error(status, result)
+
+    async def _append_pipeline(self, lane: str, batch: list[tuple[str, _Append]]) -> list[Any]:
+        """One Redis round trip for a batch: one append.lua call per stream (its appends in
+        arrival order), all calls pipelined. Returns each append's result, in batch order."""
+        by_stream: dict[str, list[int]] = {}
+        for index, (sid, _) in enumerate(batch):
+            by_stream.setdefault(sid, []).append(index)
+        if len(by_stream) == 1:  # one stream: a plain call costs less than a pipeline
+            args = [self.notice_payload_bytes, len(batch)]
+            for _, a in batch:
+                args += a.script_args()
+            return await self._call("append", batch[0][0], *args)
+        started = time.perf_counter()
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for sid, indexes in by_stream.items():
+                args = [self.notice_payload_bytes, len(indexes)]
+                for i in indexes:
+                    args += batch[i][1].script_args()
+                await self.scripts.call("append", keys.stream_keys(sid), args, client=pipe)
+            try:
+                replies = await pipe.execute(raise_on_error=False)
+            except Exception as exc:
+                metrics.REDIS_ERRORS.labels("append", type(exc).__name__).inc()
+                raise
+            finally:
+                metrics.REDIS_SECONDS.labels("append").observe(time.perf_counter() - started)
+        results: list[Any] = [None] * len(batch)
+        for indexes, reply in zip(by_stream.values(), replies, strict=True):
+            if isinstance(reply, Exception):  # Redis refused (OOM, ...): the whole batch learns of it
+                metrics.REDIS_ERRORS.labels("append", type(reply).__name__).inc()
+                raise reply
+            for i, result in zip(indexes, reply, strict=True):
+                results[i] = result
+        return results
 
     async def delete(self, sid: str) -> None:
         result = await self._call("delete", sid)
@@ -393,9 +445,10 @@ class Store:
         entries += await self._range(sid, own, meta.tail, budget, meta.is_json, _UNLIMITED, found)
         return Chunk(meta, start, entries)
 
-    async def read_shared(self, sid: str, start: int | None) -> Chunk:
-        """``read``, shared with concurrent readers of the same stream and offset (live reads)."""
-        return await self._shared_reads.run((sid, start), lambda: self.read(sid, start))
+    async def read_shared(self, sid: str, start: int | None, since: float) -> Chunk:
+        """``read``, shared with concurrent readers of the same stream and offset that
+        started at or after ``since`` (see singleflight.py): live reads."""
+        return await self._shared_reads.run((sid, start), lambda: self.read(sid, start), since)
 
     async def _read(self, sid: str, start: int, *, refresh: bool, budget: int = 0) -> tuple[Meta, Any]:
         """The stream's meta and what read.lua found at ``start`` (see ``_range``)."""

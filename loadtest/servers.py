@@ -1,8 +1,9 @@
 """Start the servers a benchmark compares, on loopback ports of their own.
 
 ``ours``: our gateway (one process) on an embedded Redis with AOF fsync on
-every write. ``reference``: the npm reference server, file-backed (its durable
-mode); ``reference-memory``: the same in memory.
+every write; ``ours-2workers``: the same with ``--workers 2`` (gunicorn).
+``reference``: the npm reference server, file-backed (its durable mode);
+``reference-memory``: the same in memory.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-KINDS = ("ours", "reference", "reference-memory")
+KINDS = ("ours", "ours-2workers", "reference", "reference-memory")
 
 
 @dataclass
@@ -84,9 +85,10 @@ def archive_worker(server: Running, *extra_args: str) -> Iterator[subprocess.Pop
 def start(kind: str, *extra_args: str) -> Iterator[Running]:
     port = free_port()
     data_dir = tempfile.mkdtemp(prefix=f"ds-bench-{kind}-")
-    if kind == "ours":
+    if kind.startswith("ours"):
+        workers = ["--workers", "2"] if kind == "ours-2workers" else []
         cmd = [sys.executable, "-m", "gateway", "serve", "--port", str(port), "--data-dir", data_dir,
-               "--log-level", "warning", *extra_args]  # fmt: skip
+               "--log-level", "warning", *workers, *extra_args]  # fmt: skip
         check = f"http://127.0.0.1:{port}/healthz"
     elif kind.startswith("reference"):
         _ensure_reference_installed()
@@ -96,7 +98,9 @@ def start(kind: str, *extra_args: str) -> Iterator[Running]:
         raise ValueError(f"unknown server {kind!r}; one of {KINDS}")
     # Ours always gets a fresh embedded Redis, whatever Redis the environment names.
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DURABLE_STREAMS_REDIS_URL")}
-    proc = subprocess.Popen(cmd, cwd=HERE if kind != "ours" else None, stdout=subprocess.DEVNULL, env=env)
+    proc = subprocess.Popen(
+        cmd, cwd=None if kind.startswith("ours") else HERE, stdout=subprocess.DEVNULL, env=env
+    )
     try:
         _wait_http(check, proc)
         yield Running(kind, f"http://127.0.0.1:{port}/v1/stream", proc.pid, data_dir)
@@ -105,8 +109,18 @@ def start(kind: str, *extra_args: str) -> Iterator[Running]:
         shutil.rmtree(data_dir, ignore_errors=True)
 
 
+def _descendants(pid: int) -> list[int]:
+    """A process and its children, recursively (gunicorn workers; not the embedded Redis)."""
+    out = [pid]
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        for child in (task / "children").read_text().split():
+            if "redis" not in Path(f"/proc/{child}/cmdline").read_text():
+                out += _descendants(int(child))
+    return out
+
+
 class ProcessMeter:
-    """CPU seconds and resident memory of one process (Linux /proc)."""
+    """CPU seconds (of the process and its workers) and resident memory (Linux /proc)."""
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
@@ -114,8 +128,11 @@ class ProcessMeter:
         self.peak_rss_mb = self.rss_mb()
 
     def cpu_seconds(self) -> float:
-        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+        total = 0
+        for pid in _descendants(self.pid):
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime + stime
+        return total / os.sysconf("SC_CLK_TCK")
 
     def rss_mb(self) -> float:
         for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():

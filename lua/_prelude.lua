@@ -145,12 +145,12 @@ local function read_from(m, from, hi, budget, whole, max_entries)
   return {collect(from, hi, budget, whole, max_entries), ''}
 end
 
--- Append entries (ARGV[first..]) at the tail; returns the new tail. Each
+-- Append entries ARGV[first..last] at the tail; returns the new tail. Each
 -- entry keeps its append time and, from an idempotent producer,
 -- "<epoch> <seq> <id>" (the archive's producer columns).
-local function add_entries(m, first, now, producer)
+local function add_entries(m, first, last, now, producer)
   local pos = tonumber(m.tail)
-  for i = first, #ARGV do
+  for i = first, last do
     if producer then
       redis.call('XADD', LOG, eid(pos), 'd', ARGV[i], 't', now, 'p', producer)
     else

@@ -31,7 +31,7 @@ if expires ~= '' then m.expires = expires; m.exp = exp_at end
 if src ~= '' then
   m.src = src; m.fork_off = ARGV[9]; m.fork_sub = fork_sub; m.chain = chain
 end
-m.tail = fmt(add_entries(m, 13, now))
+m.tail = fmt(add_entries(m, 13, #ARGV, now))
 if closed == '1' then m.closed = '1' end
 redis.call('HSET', META, unpack(flat(m)))
 if m.exp then apply_expiry(m) end
