@@ -61,8 +61,10 @@ def _observe(prefix: str) -> Callable[[web.Request, Handler], Awaitable[web.Stre
             status = exc.status
             raise
         finally:
-            metrics.REQUESTS.labels(route, request.method, str(status)).inc()
-            metrics.REQUEST_SECONDS.labels(route, request.method).observe(time.perf_counter() - started)
+            metrics.child(metrics.REQUESTS, route, request.method, str(status)).inc()
+            metrics.child(metrics.REQUEST_SECONDS, route, request.method).observe(
+                time.perf_counter() - started
+            )
 
     return observe
 

@@ -61,13 +61,15 @@ class Batcher(Generic[Item, Result]):
             while batch := self._take(key):
                 try:
                     results = await self._call(key, [item for item, _ in batch])
-                except BaseException as exc:  # every waiter learns of it (Redis away, ...)
+                except Exception as exc:  # every waiter learns of it (Redis away, ...)
                     for _, future in batch:
                         if not future.done():
                             future.set_exception(exc)
-                    if not isinstance(exc, Exception):
-                        raise
                     continue
+                except BaseException:  # cancelled (shutdown): so are the waiters of this batch
+                    for _, future in batch:
+                        future.cancel()
+                    raise
                 for (_, future), result in zip(batch, results, strict=True):
                     if not future.done():  # its client may have gone; the append still counts
                         future.set_result(result)

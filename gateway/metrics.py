@@ -13,6 +13,7 @@ it once, at import.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -58,6 +59,19 @@ ARCHIVE_LAG = Gauge(
     ["worker"],
     multiprocess_mode="max",
 )
+
+
+_children: dict[tuple, Any] = {}
+
+
+def child(metric: Any, *labels: str) -> Any:
+    """``metric.labels(*labels)``, remembered: the hot paths skip prometheus-client's
+    label validation and lock on every request (label sets here are few and fixed)."""
+    key = (id(metric), *labels)
+    found = _children.get(key)
+    if found is None:
+        found = _children[key] = metric.labels(*labels)
+    return found
 
 
 def render() -> tuple[bytes, str]:

@@ -204,7 +204,7 @@ class Store:
             metrics.REDIS_ERRORS.labels(name, type(exc).__name__).inc()
             raise
         finally:
-            metrics.REDIS_SECONDS.labels(name).observe(time.perf_counter() - started)
+            metrics.child(metrics.REDIS_SECONDS, name).observe(time.perf_counter() - started)
 
     # -- create -------------------------------------------------------------
 
@@ -389,7 +389,7 @@ class Store:
                 metrics.REDIS_ERRORS.labels("append", type(exc).__name__).inc()
                 raise
             finally:
-                metrics.REDIS_SECONDS.labels("append").observe(time.perf_counter() - started)
+                metrics.child(metrics.REDIS_SECONDS, "append").observe(time.perf_counter() - started)
         results: list[Any] = [None] * len(batch)
         for indexes, reply in zip(by_stream.values(), replies, strict=True):
             if isinstance(reply, Exception):  # Redis refused (OOM, ...): the whole batch learns of it
