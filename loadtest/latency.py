@@ -22,6 +22,7 @@ from pathlib import Path
 import aiohttp
 
 from .servers import KINDS, start
+from .sse_client import sse_lines
 
 RECORD = 100  # bytes; the first 10 are the record's number
 
@@ -40,18 +41,14 @@ async def sse_reader(
     buffer = ""
     while not stop.is_set():
         async with http.get(url, params={"offset": offset, "live": "sse"}) as r:
-            event = ""
-            async for raw in r.content:
-                line = raw.decode().rstrip("\n")
-                if line.startswith("event:"):
-                    event = line[6:].strip()
-                elif line.startswith("data:") and event == "data":
-                    buffer += line[5:].removeprefix(" ")
+            async for event, data in sse_lines(r):
+                if event == "data":
+                    buffer += data
                     while len(buffer) >= RECORD:
                         got.setdefault(int(buffer[:10]), time.perf_counter())
                         buffer = buffer[RECORD:]
-                elif line.startswith("data:") and event == "control":
-                    offset = json.loads(line[5:]).get("streamNextOffset", offset)
+                elif event == "control":
+                    offset = json.loads(data).get("streamNextOffset", offset)
                 if stop.is_set():
                     return
 

@@ -19,6 +19,8 @@ import urllib.request
 
 import aiohttp
 
+from loadtest.sse_client import sse_lines
+
 from .conftest import free_port
 
 RECORD = 16
@@ -49,15 +51,11 @@ async def reader(
         hops.append(base)
         try:
             async with http.get(f"{base}/v1/stream/{path}", params={"offset": offset, "live": "sse"}) as r:
-                event = ""
-                async for raw in r.content:
-                    line = raw.decode().rstrip("\n")
-                    if line.startswith("event:"):
-                        event = line[6:].strip()
-                    elif line.startswith("data:") and event == "data":
-                        got.extend(line[5:].encode())
-                    elif line.startswith("data:") and event == "control":
-                        control = json.loads(line[5:])
+                async for event, data in sse_lines(r):
+                    if event == "data":
+                        got.extend(data.encode())
+                    elif event == "control":
+                        control = json.loads(data)
                         offset = control["streamNextOffset"]
                         if control.get("streamClosed"):
                             return
