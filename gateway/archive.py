@@ -10,6 +10,7 @@ aside, fsynced and renamed; object stores put objects atomically.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import io
 import os
 from collections import OrderedDict
@@ -19,6 +20,7 @@ from typing import Any
 import fsspec
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute  # noqa: F401 (pa.compute)
 import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
 
@@ -28,6 +30,7 @@ from .segments import Entry, Segment, take
 from .singleflight import SingleFlight
 
 SCHEMA_VERSION = "1"
+ANY_TIME = float("-inf")  # files never change: any load in flight will do
 SCHEMA = pa.schema(
     [
         pa.field("stream", pa.string(), nullable=False),  # the stream's path
@@ -94,10 +97,13 @@ class Archive:
     def path(self, file: str) -> str:
         return f"{self.root.rstrip('/')}/{file}"
 
-    def write(self, file: str, table: pa.Table) -> int:
-        """Write a segment file durably; returns its size in bytes."""
+    def write(self, file: str, table: pa.Table, row_group_bytes: int = 4 << 20) -> int:
+        """Write a segment file durably; returns its size in bytes. Row groups hold about
+        ``row_group_bytes`` of data each: a cold read fetches and decodes one at a time."""
+        data_bytes = max(1, pa.compute.sum(pa.compute.binary_length(table.column("data"))).as_py() or 1)
+        rows = max(1, min(64 * 1024, table.num_rows * row_group_bytes // data_bytes))
         sink = io.BytesIO()
-        pq.write_table(table, sink, compression="zstd", row_group_size=64 * 1024)
+        pq.write_table(table, sink, compression="zstd", row_group_size=rows)
         data = sink.getvalue()
         path = self.path(file)
         if not self.local:
@@ -122,6 +128,18 @@ class Archive:
         """A segment file's rows; FileNotFoundError when it is gone."""
         return pq.read_table(io.BytesIO(self.fs.cat_file(self.path(file))), columns=columns)
 
+    def row_groups(self, file: str) -> list[int]:
+        """The first position of each row group (rows are in position order)."""
+        with self.fs.open(self.path(file), "rb") as f:
+            meta = pq.ParquetFile(f).metadata
+            column = meta.schema.names.index("position")
+            return [meta.row_group(g).column(column).statistics.min for g in range(meta.num_row_groups)]
+
+    def read_group(self, file: str, group: int, columns: list[str]) -> pa.Table:
+        """One row group's rows; FileNotFoundError when the file is gone."""
+        with self.fs.open(self.path(file), "rb") as f:
+            return pq.ParquetFile(f).read_row_group(group, columns=columns)
+
     def delete(self, file: str) -> None:
         try:
             self.fs.rm_file(self.path(file))
@@ -144,45 +162,85 @@ class _Loaded:
 
 
 class ColdReader:
-    """Reads entries from segment files for the gateway, keeping recently used
-    files decoded in memory (an LRU bounded in bytes): a catch-up reader goes
-    through a file chunk by chunk, so each file is fetched once."""
+    """Reads entries from segment files for the gateway, one row group (~4 MiB) at a
+    time, keeping recently used row groups decoded in memory (an LRU bounded in
+    bytes): a catch-up reader goes through a file chunk by chunk, so each row
+    group is fetched once, and the first chunk does not wait for the whole file."""
 
     def __init__(self, archive: Archive, cache_bytes: int) -> None:
         self.archive = archive
         self.cache_bytes = cache_bytes
-        self._cache: OrderedDict[str, _Loaded] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, int], _Loaded] = OrderedDict()
         self._cached = 0
-        self._loads: SingleFlight[_Loaded] = SingleFlight()
+        self._groups: OrderedDict[str, list[int]] = OrderedDict()  # file -> first position per group
+        self._loads: SingleFlight[Any] = SingleFlight()
 
     async def take(
         self, segment: Segment, start: int, hi: int | None, budget: int, whole: bool, max_entries: int
     ) -> list[Entry]:
-        loaded = await self._load(segment.file)
-        first = max(int(np.searchsorted(loaded.positions, start, side="right")) - 1, 0)
-        # Entries that start before start + budget, plus one (a JSON message may overrun).
-        last = int(np.searchsorted(loaded.positions, start + max(budget, 0), side="left")) + 1
-        last = min(last, first + max_entries + 1, len(loaded.positions))
-        positions = loaded.positions[first:last].tolist()
-        window = list(zip(positions, loaded.data.slice(first, last - first).to_pylist(), strict=True))
-        return take(window, start, hi, budget, whole, max_entries)
+        groups = await self._row_groups(segment.file)
+        group = max(bisect.bisect_right(groups, start) - 1, 0)
+        out: list[Entry] = []
+        pos = start
+        while group < len(groups) and budget > 0 and max_entries > 0:
+            loaded = await self._load(segment.file, group)
+            got = _take_from(loaded, pos, hi, budget, whole, max_entries)
+            if not got:
+                if whole and group + 1 < len(groups):  # a JSON read from inside this group's last message
+                    group += 1
+                    pos = groups[group]
+                    continue
+                break
+            out += got
+            budget -= sum(len(d) for _, d in got)
+            max_entries -= len(got)
+            pos = got[-1][0] + len(got[-1][1])
+            group += 1
+            if group < len(groups) and pos < groups[group]:
+                break  # stopped inside this group: budget, entry count or ``hi``
+        return out
 
-    async def _load(self, file: str) -> _Loaded:
-        hit = self._cache.get(file)
+    async def _row_groups(self, file: str) -> list[int]:
+        groups = self._groups.get(file)
+        if groups is None:
+            groups = await self._loads.run(
+                ("groups", file), lambda: asyncio.to_thread(self.archive.row_groups, file), ANY_TIME
+            )
+            self._groups[file] = groups
+            if len(self._groups) > 10_000:
+                self._groups.popitem(last=False)
+        return groups
+
+    async def _load(self, file: str, group: int) -> _Loaded:
+        key = (file, group)
+        hit = self._cache.get(key)
         if hit is not None:
-            self._cache.move_to_end(file)
+            self._cache.move_to_end(key)
             return hit
-        loaded = await self._loads.run(file, lambda: asyncio.to_thread(self._read, file))
-        if file not in self._cache:
-            self._cache[file] = loaded
+        loaded = await self._loads.run(key, lambda: asyncio.to_thread(self._read, file, group), ANY_TIME)
+        if key not in self._cache:
+            self._cache[key] = loaded
             self._cached += loaded.nbytes
             while self._cached > self.cache_bytes and len(self._cache) > 1:
                 _, old = self._cache.popitem(last=False)
                 self._cached -= old.nbytes
         return loaded
 
-    def _read(self, file: str) -> _Loaded:
-        table = self.archive.read(file, columns=["position", "data"])
+    def _read(self, file: str, group: int) -> _Loaded:
+        table = self.archive.read_group(file, group, columns=["position", "data"])
         data = table.column("data").combine_chunks()
         positions = table.column("position").to_numpy()
         return _Loaded(positions, data, table.nbytes)
+
+
+def _take_from(
+    loaded: _Loaded, start: int, hi: int | None, budget: int, whole: bool, max_entries: int
+) -> list[Entry]:
+    """``segments.take`` over one decoded row group, converting only the rows it needs."""
+    first = max(int(np.searchsorted(loaded.positions, start, side="right")) - 1, 0)
+    # Entries that start before start + budget, plus one (a JSON message may overrun).
+    last = int(np.searchsorted(loaded.positions, start + max(budget, 0), side="left")) + 1
+    last = min(last, first + max_entries + 1, len(loaded.positions))
+    positions = loaded.positions[first:last].tolist()
+    window = list(zip(positions, loaded.data.slice(first, last - first).to_pylist(), strict=True))
+    return take(window, start, hi, budget, whole, max_entries)

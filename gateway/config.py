@@ -21,7 +21,7 @@ class Settings:
     data_dir: str = "./data"
     prefix: str = "/v1/stream"
     max_body_bytes: int = 64 * 1024 * 1024
-    max_chunk_bytes: int = 1024 * 1024
+    max_chunk_bytes: int = 4 * 1024 * 1024
     max_path_bytes: int = 1024
     long_poll_timeout: float = 20.0
     sse_cycle_seconds: float = 60.0

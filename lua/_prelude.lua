@@ -101,8 +101,9 @@ end
 -- inside an entry; JSON messages (whole = true) are never cut: a message that
 -- starts before `from` is skipped and the last one may overrun the budget.
 local function collect(from, hi, budget, whole, max_entries)
-  local out, total = {}, 0
+  local out, total, last = {}, 0, 0
   local function add(pos, data)
+    last = #data
     if hi and pos + #data > hi then data = string.sub(data, 1, hi - pos) end
     if not whole and total + #data > budget then data = string.sub(data, 1, budget - total) end
     out[#out + 1] = fmt(pos)
@@ -119,12 +120,13 @@ local function collect(from, hi, budget, whole, max_entries)
     end
   end
   local cursor = '(' .. eid(from)
-  -- Fetch few entries first, then more: large entries fill the budget after
-  -- a handful, and copying hundreds of them into Lua would cost more than the read.
-  local count = 8
   while true do
+    -- Fetch about as many entries as the rest of the budget holds at the size of
+    -- the latest one: copying entries into Lua that the read will not use costs
+    -- more than the read (large entries), and one at a time is slow (small ones).
+    local count = 8
+    if last > 0 then count = math.max(1, math.min(512, math.floor((budget - total) / last) + 1)) end
     local batch = redis.call('XRANGE', LOG, cursor, '+', 'COUNT', count)
-    count = math.min(count * 2, 512)
     if #batch == 0 then return out end
     for _, e in ipairs(batch) do
       local pos = epos(e[1])

@@ -56,6 +56,7 @@ class Policy:
     max_delay_ms: int = 600_000
     file_bytes: int = 128 * 1024 * 1024
     retention_ms: int = 0  # 0: keep everything
+    row_group_bytes: int = 4 * 1024 * 1024  # the unit a cold read fetches
 
 
 def _text(value: bytes | str) -> str:
@@ -268,7 +269,7 @@ class Archiver:
             parts.append(await asyncio.to_thread(self.archive.read, old.file))
         parts.append(to_table(keys.path_of(sid), inc, meta["ct"], rows))
         table = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
-        await asyncio.to_thread(self.archive.write, segment.file, table)
+        await asyncio.to_thread(self.archive.write, segment.file, table, self.policy.row_group_bytes)
         result = await self._call("archive_commit", sid, inc, segment.member)
         if _text(result[0]) != "ok":  # the stream went away meanwhile
             await asyncio.to_thread(self.archive.delete, segment.file)
