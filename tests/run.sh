@@ -17,4 +17,4 @@ echo "== conformance suite again, with an archive worker at hot window 0 (reads 
 .venv/bin/python tests/conformance/run.py --archive
 
 echo "== pytest"
-.venv/bin/python -m pytest "$@"
+.venv/bin/python -m pytest -rs "$@"   # -rs: say why anything was skipped (e.g. no helm)
