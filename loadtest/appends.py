@@ -29,7 +29,7 @@ from pathlib import Path
 
 import aiohttp
 
-from .servers import KINDS, ProcessMeter, start
+from .servers import KINDS, ProcessMeter, start, use_uvloop
 
 # name: (writers, streams, body bytes, idempotent producer headers)
 SCENARIOS = {
@@ -239,12 +239,7 @@ def main() -> None:
     parser.add_argument("--read-mb", type=int, default=256, help="size of the catch-up read stream (0: skip)")
     parser.add_argument("--out", default="loadtest/results/appends.json")
     args = parser.parse_args()
-    try:
-        import uvloop
-
-        uvloop.install()
-    except ImportError:
-        pass
+    use_uvloop()
     results: list[dict] = []
 
     def bench(base_url: str, name: str, pid: int | None) -> None:

@@ -28,7 +28,7 @@ from gateway.embedded import EmbeddedRedis
 from workers.archiver import Archiver, Policy
 
 from .appends import catch_up, fill
-from .servers import start
+from .servers import start, use_uvloop
 
 
 async def used_memory_mb(client: aioredis.Redis) -> float:
@@ -86,12 +86,7 @@ async def bench(megabytes: int, piece_kib: int) -> dict:
 
 
 def main() -> None:
-    try:
-        import uvloop
-
-        uvloop.install()
-    except ImportError:
-        pass
+    use_uvloop()
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

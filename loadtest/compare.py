@@ -20,7 +20,7 @@ from pathlib import Path
 
 from . import latency
 from .appends import SCENARIOS, run_appends, run_read
-from .servers import KINDS, start
+from .servers import KINDS, start, use_uvloop
 
 
 def cell_append(r: dict) -> str:
@@ -63,12 +63,7 @@ def main() -> None:
     parser.add_argument("--latency-seconds", type=float, default=10.0)
     parser.add_argument("--out", default="loadtest/results/comparison")
     args = parser.parse_args()
-    try:
-        import uvloop
-
-        uvloop.install()
-    except ImportError:
-        pass
+    use_uvloop()
     results: dict[str, dict] = {}
     for kind in args.servers.split(","):
         result: dict = {"appends": {}}

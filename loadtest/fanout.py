@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from .servers import KINDS, ProcessMeter, start
+from .servers import KINDS, ProcessMeter, start, use_uvloop
 
 
 @dataclass
@@ -334,12 +334,7 @@ def main() -> None:
             results.append(result)
             print(table([result]).splitlines()[-1], flush=True)
 
-    try:
-        import uvloop
-
-        uvloop.install()
-    except ImportError:
-        pass
+    use_uvloop()
     print(table([]))
     if args.base_url:
         asyncio.run(bench(args.base_url, "target", None))

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import aiohttp
 
-from .servers import KINDS, start
+from .servers import KINDS, start, use_uvloop
 from .sse_client import sse_lines
 
 RECORD = 100  # bytes; the first 10 are the record's number
@@ -123,12 +123,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--out", default="loadtest/results/latency.json")
     args = parser.parse_args()
-    try:
-        import uvloop
-
-        uvloop.install()
-    except ImportError:
-        pass
+    use_uvloop()
     targets = [("target", args.base_url)] if args.base_url else [(k, None) for k in args.servers.split(",")]
     results = []
     for name, base_url in targets:

@@ -33,6 +33,15 @@ class Running:
     data_dir: str = ""
 
 
+def use_uvloop() -> None:
+    """The load generators run on uvloop when it is there (it is a dependency of ours)."""
+    try:
+        import uvloop
+    except ImportError:
+        return
+    uvloop.install()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
