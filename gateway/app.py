@@ -114,7 +114,12 @@ def create_app(settings: Settings, redis_url: str) -> web.Application:
     app.on_response_prepare.append(_security_headers)
 
     async def startup(app: web.Application) -> None:
-        client = aioredis.Redis.from_url(redis_url, decode_responses=False, health_check_interval=30)
+        # A bounded pool that makes requests wait for a connection: a burst of clients
+        # (a reconnect herd of SSE readers) must queue, not fail with "too many connections".
+        pool = aioredis.BlockingConnectionPool.from_url(
+            redis_url, max_connections=settings.redis_max_connections, timeout=10, health_check_interval=30
+        )
+        client = aioredis.Redis(connection_pool=pool)
         pubsub_client = aioredis.Redis.from_url(redis_url, decode_responses=False)
         cold = ColdReader(Archive(settings.archive_location), settings.archive_cache_bytes)
         store = Store(client, cold, settings.max_chunk_bytes, settings.notice_payload_bytes)

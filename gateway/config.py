@@ -30,6 +30,7 @@ class Settings:
     require_durable: bool = False
     workers: int = 1
     log_level: str = "info"
+    redis_max_connections: int = 64
     # the archive (serve reads it; `durable-streams archive` writes it)
     archive_url: str | None = None
     archive_hints: bool = True
@@ -84,6 +85,8 @@ HELP = {
     "require_durable": "refuse to start when the Redis could lose acknowledged writes "
     "(appendonly off, or appendfsync not 'always')",
     "workers": "worker processes sharing the port (more than 1 runs under gunicorn)",
+    "redis_max_connections": "Redis connections per process; requests beyond them wait (up to 10 s) "
+    "for a free one",
     "log_level": "debug, info, warning or error",
     "archive_url": "where archived Parquet files live: a directory or an fsspec URL such as "
     "s3://bucket/prefix (needs s3fs); unset: <data-dir>/archive",

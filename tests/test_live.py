@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 
 import aiohttp
 import pytest
@@ -266,3 +267,27 @@ async def test_sse_heartbeats_and_reconnect_cycle(http: aiohttp.ClientSession, r
     assert raw.count(": \n\n") >= 2
     last = raw.rstrip("\n").rsplit("\n\n", 1)[-1]
     assert last.startswith("event: control") and offsets.encode(1) in last
+
+
+async def test_a_burst_of_readers_waits_for_redis_connections(redis_url: str) -> None:
+    """More simultaneous readers than Redis connections: they queue for one, none fails."""
+    gateway = await start_gateway(redis_url, redis_max_connections=4)
+    url = str(gateway.make_url(f"/v1/stream/burst-{uuid.uuid4().hex[:8]}"))
+    try:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+            async with http.put(url, headers=TEXT) as r:
+                assert r.status == 201
+            readers = await asyncio.gather(
+                *(http.get(url, params={"offset": "now", "live": "sse"}) for _ in range(200))
+            )
+            assert {r.status for r in readers} == {200}
+            for r in readers:
+                await read_sse(r, "upToDate")
+            async with http.post(url, data=b"to all", headers=TEXT) as r:
+                assert r.status == 204
+            for r in readers:
+                events = await asyncio.wait_for(read_sse(r, "streamNextOffset"), 5)
+                assert ("data", "to all") in events
+                r.close()
+    finally:
+        await gateway.close()
