@@ -20,7 +20,7 @@ from typing import Any
 import fsspec
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute  # noqa: F401 (pa.compute)
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
 
@@ -100,7 +100,7 @@ class Archive:
     def write(self, file: str, table: pa.Table, row_group_bytes: int = 4 << 20) -> int:
         """Write a segment file durably; returns its size in bytes. Row groups hold about
         ``row_group_bytes`` of data each: a cold read fetches and decodes one at a time."""
-        data_bytes = max(1, pa.compute.sum(pa.compute.binary_length(table.column("data"))).as_py() or 1)
+        data_bytes = max(1, pc.sum(pc.binary_length(table.column("data"))).as_py() or 1)
         rows = max(1, min(64 * 1024, table.num_rows * row_group_bytes // data_bytes))
         sink = io.BytesIO()
         pq.write_table(table, sink, compression="zstd", row_group_size=rows)
