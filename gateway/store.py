@@ -371,18 +371,19 @@ class Store:
         by_stream: dict[str, list[int]] = {}
         for index, (sid, _) in enumerate(batch):
             by_stream.setdefault(sid, []).append(index)
+
+        def args(indexes: list[int]) -> list[Any]:
+            out: list[Any] = [self.notice_payload_bytes, len(indexes)]
+            for i in indexes:
+                out += batch[i][1].script_args()
+            return out
+
         if len(by_stream) == 1:  # one stream: a plain call costs less than a pipeline
-            args = [self.notice_payload_bytes, len(batch)]
-            for _, a in batch:
-                args += a.script_args()
-            return await self._call("append", batch[0][0], *args)
+            return await self._call("append", batch[0][0], *args(list(range(len(batch)))))
         started = time.perf_counter()
         async with self.redis.pipeline(transaction=False) as pipe:
             for sid, indexes in by_stream.items():
-                args = [self.notice_payload_bytes, len(indexes)]
-                for i in indexes:
-                    args += batch[i][1].script_args()
-                await self.scripts.call("append", keys.stream_keys(sid), args, client=pipe)
+                await self.scripts.call("append", keys.stream_keys(sid), args(indexes), client=pipe)
             try:
                 replies = await pipe.execute(raise_on_error=False)
             except Exception as exc:

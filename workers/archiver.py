@@ -29,6 +29,7 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +38,7 @@ from redis.asyncio import Redis
 
 from gateway import keys, metrics
 from gateway.archive import Archive, Row, to_table
+from gateway.config import Settings
 from gateway.scripts import Scripts
 from gateway.segments import GARBAGE, PENDING, Segment, file_name, utc_date
 
@@ -50,17 +52,24 @@ def now_ms() -> int:
 
 @dataclass(frozen=True)
 class Policy:
-    hot_bytes: int = 1024 * 1024
-    hot_ms: int = 300_000
-    min_bytes: int = 4 * 1024 * 1024
-    max_delay_ms: int = 600_000
-    file_bytes: int = 128 * 1024 * 1024
-    retention_ms: int = 0  # 0: keep everything
+    """What to archive when; the defaults are the command line's (gateway/config.py)."""
+
+    hot_bytes: int = Settings.archive_hot_bytes
+    hot_ms: int = int(Settings.archive_hot_seconds * 1000)
+    min_bytes: int = Settings.archive_min_bytes
+    max_delay_ms: int = int(Settings.archive_max_delay * 1000)
+    file_bytes: int = Settings.archive_file_bytes
+    retention_ms: int = int(Settings.retention_seconds * 1000)  # 0: keep everything
     row_group_bytes: int = 4 * 1024 * 1024  # the unit a cold read fetches
 
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def _log_start(meta: dict[str, str]) -> int:
+    """Where the stream's Redis log starts: below it, everything is in files."""
+    return int(meta.get("arch") or meta["base"])
 
 
 def _row(entry_id: bytes, fields: dict[bytes, bytes]) -> Row:
@@ -209,7 +218,7 @@ class Archiver:
     async def _plan(self, sid: str, meta: dict[str, str], inc: str, last: Segment | None) -> _Job | None:
         """The next range to archive, or None (nothing due; re-hinted for later)."""
         policy, now = self.policy, now_ms()
-        start = int(meta.get("arch") or meta["base"])
+        start = _log_start(meta)
         limit = int(meta["tail"]) - policy.hot_bytes
         if limit <= start:
             return None
@@ -218,32 +227,21 @@ class Archiver:
         rows: list[Row] = []
         size = 0
         day = ""
-        done = False
-        cursor = f"{start}-1"
-        while not done:
-            page = await self.redis.xrange(keys.stream_keys(sid)[1], min=cursor, max="+", count=PAGE)
-            if not page:
+        async for row in self._log(sid, start):
+            if row.position + len(row.data) > limit:
                 break
-            for entry_id, fields in page:
-                row = _row(entry_id, fields)
-                if row.position + len(row.data) > limit:
-                    done = True
-                    break
-                if row.append_ms > young:  # past the byte window, not yet old enough: look again then
-                    await self.hint(sid, row.append_ms + policy.hot_ms + 1)
-                    done = True
-                    break
-                if not rows:
-                    day = utc_date(row.append_ms)
-                    if merge is not None and merge.date != day:
-                        merge = None
-                room = policy.file_bytes - (merge.size if merge else 0)
-                if utc_date(row.append_ms) != day or (rows and size + len(row.data) > room):
-                    done = True
-                    break
-                rows.append(row)
-                size += len(row.data)
-            cursor = "(" + _text(page[-1][0])
+            if row.append_ms > young:  # past the byte window, not yet old enough: look again then
+                await self.hint(sid, row.append_ms + policy.hot_ms + 1)
+                break
+            if not rows:
+                day = utc_date(row.append_ms)
+                if merge is not None and merge.date != day:
+                    merge = None
+            room = policy.file_bytes - (merge.size if merge else 0)
+            if utc_date(row.append_ms) != day or (rows and size + len(row.data) > room):
+                break
+            rows.append(row)
+            size += len(row.data)
         if not rows:
             return None
         closed = meta.get("closed") == "1" or meta.get("deleted") == "1"
@@ -258,8 +256,8 @@ class Archiver:
 
     async def _write_and_commit(self, sid: str, meta: dict[str, str], inc: str, job: _Job) -> bool:
         segment = job.segment
-        start = int(meta.get("arch") or meta["base"])
-        rows = job.rows if job.rows is not None else await self._log_rows(sid, start, segment.end)
+        start = _log_start(meta)
+        rows = job.rows if job.rows is not None else [row async for row in self._log(sid, start, segment.end)]
         parts: list[pa.Table] = []
         if segment.start < start:  # merging: the last file's rows come first
             replaced = await self.redis.zrangebyscore(
@@ -284,14 +282,12 @@ class Archiver:
             await self._remove(sid, inc, [Segment.parse(result[1])])
         return True
 
-    async def _log_rows(self, sid: str, start: int, end: int) -> list[Row]:
-        rows: list[Row] = []
-        cursor = f"{start}-1"
-        while True:
-            page = await self.redis.xrange(keys.stream_keys(sid)[1], min=cursor, max=f"({end}-1", count=PAGE)
-            if not page:
-                return rows
-            rows += [_row(entry_id, fields) for entry_id, fields in page]
+    async def _log(self, sid: str, start: int, end: int | None = None) -> AsyncIterator[Row]:
+        """The log's entries from ``start`` (to ``end``, exclusive), read a page at a time."""
+        cursor, last = f"{start}-1", "+" if end is None else f"({end}-1"
+        while page := await self.redis.xrange(keys.stream_keys(sid)[1], min=cursor, max=last, count=PAGE):
+            for entry_id, fields in page:
+                yield _row(entry_id, fields)
             cursor = "(" + _text(page[-1][0])
 
     async def _remove(self, sid: str, inc: str, segments: list[Segment]) -> None:
@@ -350,7 +346,7 @@ class Archiver:
             pass
 
 
-def policy_of(settings: Any) -> Policy:
+def policy_of(settings: Settings) -> Policy:
     return Policy(
         hot_bytes=settings.archive_hot_bytes,
         hot_ms=int(settings.archive_hot_seconds * 1000),
@@ -361,7 +357,7 @@ def policy_of(settings: Any) -> Policy:
     )
 
 
-async def run_worker(settings: Any, redis_url: str, stop: asyncio.Event) -> None:
+async def run_worker(settings: Settings, redis_url: str, stop: asyncio.Event) -> None:
     """``durable-streams archive``: work until ``stop`` is set."""
     client = Redis.from_url(redis_url, decode_responses=False, health_check_interval=30)
     archiver = Archiver(
