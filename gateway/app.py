@@ -10,8 +10,9 @@ from collections.abc import Awaitable, Callable
 import redis.asyncio as aioredis
 import redis.exceptions
 from aiohttp import web
+from multidict import CIMultiDict
 
-from . import durability, handlers, metrics
+from . import durability, handlers, metrics, redis_client
 from .archive import Archive, ColdReader
 from .config import Settings, from_env
 from .context import GATEWAY, Gateway
@@ -25,58 +26,88 @@ HINTS_TASK = web.AppKey("hints_task", asyncio.Task)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-@web.middleware
-async def protocol_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """ProtocolError → its status; Redis unreachable → 503; never a bare 500 page."""
-    try:
-        return await handler(request)
-    except ProtocolError as exc:
+def _error_response(exc: Exception) -> web.Response | None:
+    """ProtocolError → its status; Redis unreachable or refusing → 503; else None (a bug)."""
+    if isinstance(exc, ProtocolError):
         return web.Response(status=exc.status, text=exc.message + "\n", headers=exc.headers)
-    except UNAVAILABLE as exc:
+    if isinstance(exc, UNAVAILABLE):
         log.warning("redis unavailable: %s", exc)
         return web.Response(status=503, text="storage unavailable, retry\n", headers={"Retry-After": "1"})
-    except redis.exceptions.ResponseError as exc:  # e.g. OOM at maxmemory: Redis refused the write
+    if isinstance(exc, redis.exceptions.ResponseError):  # e.g. OOM at maxmemory: Redis refused the write
         log.error("redis refused a command: %s", exc)
         return web.Response(status=503, text="storage refused the request\n", headers={"Retry-After": "5"})
+    return None
 
 
-def _route(request: web.Request, prefix: str) -> str:
+def _stream_route(request: web.Request) -> str:
     """A low-cardinality name for the metrics: never the stream path."""
-    if request.path.startswith(prefix):
-        mode = request.query.get("live") if request.method == "GET" else None
-        return f"stream-{mode}" if mode in ("sse", "long-poll") else "stream"
-    return request.path.strip("/") if request.path in ("/healthz", "/readyz", "/metrics") else "other"
+    mode = request.query.get("live") if request.method == "GET" else None
+    return f"stream-{mode}" if mode in ("sse", "long-poll") else "stream"
 
 
-def _observe(prefix: str) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
-    @web.middleware
-    async def observe(request: web.Request, handler: Handler) -> web.StreamResponse:
-        route, started = _route(request, prefix), time.perf_counter()
-        status = 500
+def _secure(headers: CIMultiDict[str]) -> None:
+    """CORS and browser-safety headers on every answer (unless a handler chose its own)."""
+    for name, value in SECURITY.items():
+        headers.setdefault(name, value)
+
+
+def endpoint(handler: Handler, route: str | Callable[[web.Request], str]) -> Handler:
+    """A route's handler with what every request gets: errors answered (never a bare 500
+    page), security headers, and the request metrics.
+
+    One wrapper per route rather than aiohttp middlewares and an on_response_prepare
+    signal: each middleware layer costs every request a coroutine and a partial, and
+    the signal one more; together ~10-15% of an append's CPU (measured with wrk).
+    """
+
+    async def guarded(request: web.Request) -> web.StreamResponse:
+        started, status = time.perf_counter(), 500
         try:
-            response = await handler(request)
+            try:
+                response = await handler(request)
+            except Exception as exc:
+                answer = _error_response(exc)
+                if answer is None:
+                    raise
+                response = answer
             status = response.status
+            if not response.prepared:  # an event stream sent its own headers already
+                _secure(response.headers)
             return response
-        except web.HTTPException as exc:
+        except web.HTTPException as exc:  # aiohttp's own answers, e.g. 413 from request.read()
             status = exc.status
+            _secure(exc.headers)
             raise
         finally:
-            metrics.child(metrics.REQUESTS, route, request.method, str(status)).inc()
-            metrics.child(metrics.REQUEST_SECONDS, route, request.method).observe(
-                time.perf_counter() - started
-            )
+            name = route if isinstance(route, str) else route(request)
+            metrics.observe_request(name, request.method, status, time.perf_counter() - started)
 
-    return observe
+    return guarded
+
+
+def _method_not_allowed(allowed: list[str]) -> Handler:
+    async def answer(request: web.Request) -> web.Response:
+        return web.Response(status=405, text="method not allowed\n", headers={"Allow": ", ".join(allowed)})
+
+    return answer
+
+
+async def _not_found(request: web.Request) -> web.Response:
+    return web.Response(status=404, text="not found\n")
+
+
+def _add_routes(
+    app: web.Application, path: str, route: str | Callable[[web.Request], str], handlers: dict[str, Handler]
+) -> None:
+    """``handlers`` by method on ``path``, and a 405 for any other method, all through ``endpoint``."""
+    for method, handler in handlers.items():
+        app.router.add_route(method, path, endpoint(handler, route))
+    app.router.add_route("*", path, endpoint(_method_not_allowed(list(handlers)), route))
 
 
 async def metrics_page(request: web.Request) -> web.Response:
     body, content_type = metrics.render()
     return web.Response(body=body, headers={"Content-Type": content_type})
-
-
-async def _security_headers(request: web.Request, response: web.StreamResponse) -> None:
-    for name, value in SECURITY.items():
-        response.headers.setdefault(name, value)
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -109,17 +140,10 @@ async def app_from_env() -> web.Application:
 
 def create_app(settings: Settings, redis_url: str) -> web.Application:
     """The gateway app for one process; it connects to ``redis_url`` on startup."""
-    middlewares = [_observe(settings.prefix.rstrip("/") + "/"), protocol_errors]
-    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=middlewares)
-    app.on_response_prepare.append(_security_headers)
+    app = web.Application(client_max_size=settings.max_body_bytes)
 
     async def startup(app: web.Application) -> None:
-        # A bounded pool that makes requests wait for a connection: a burst of clients
-        # (a reconnect herd of SSE readers) must queue, not fail with "too many connections".
-        pool = aioredis.BlockingConnectionPool.from_url(
-            redis_url, max_connections=settings.redis_max_connections, timeout=10, health_check_interval=30
-        )
-        client = aioredis.Redis(connection_pool=pool)
+        client = redis_client.connect(redis_url, settings.redis_max_connections)
         pubsub_client = aioredis.Redis.from_url(redis_url, decode_responses=False)
         cold = ColdReader(Archive(settings.archive_location), settings.archive_cache_bytes)
         store = Store(client, cold, settings.max_chunk_bytes, settings.notice_payload_bytes)
@@ -146,14 +170,16 @@ def create_app(settings: Settings, redis_url: str) -> web.Application:
     app.on_shutdown.append(shutdown)
     app.on_cleanup.append(cleanup)
 
-    route = settings.prefix.rstrip("/") + "/{path:.*}"
-    app.router.add_put(route, handlers.put_stream)
-    app.router.add_post(route, handlers.post_stream)
-    app.router.add_delete(route, handlers.delete_stream)
-    app.router.add_head(route, handlers.head_stream)
-    app.router.add_get(route, handlers.get_stream, allow_head=False)
-    app.router.add_route("OPTIONS", route, handlers.options_stream)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics_page)
+    stream = {
+        "PUT": handlers.put_stream,
+        "POST": handlers.post_stream,
+        "DELETE": handlers.delete_stream,
+        "HEAD": handlers.head_stream,
+        "GET": handlers.get_stream,
+        "OPTIONS": handlers.options_stream,
+    }
+    _add_routes(app, settings.prefix.rstrip("/") + "/{path:.*}", _stream_route, stream)
+    for path, handler in (("/healthz", healthz), ("/readyz", readyz), ("/metrics", metrics_page)):
+        _add_routes(app, path, path.strip("/"), {"GET": handler, "HEAD": handler})
+    app.router.add_route("*", "/{anything:.*}", endpoint(_not_found, "other"))
     return app

@@ -6,6 +6,7 @@ validate everything before touching Redis.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -83,6 +84,7 @@ def normalize_content_type(value: str | None) -> str:
     return value.split(";", 1)[0].strip().lower()
 
 
+@functools.lru_cache(maxsize=1024)  # every append parses one; clients send few distinct values
 def validate_content_type(value: str) -> str:
     """A usable ``type/subtype`` or 400."""
     media = normalize_content_type(value)

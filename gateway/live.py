@@ -121,7 +121,12 @@ async def sse(
     """
     chunk = await gw.store.read_shared(sid, start, time.monotonic())  # 404 and friends first
     text = is_text(chunk.meta.content_type)
-    headers = {"Content-Type": "text/event-stream", "Cache-Control": caching.SSE, "X-Accel-Buffering": "no"}
+    headers = {
+        **responses.SECURITY,  # sent before the handler returns: endpoint() can't add them later
+        "Content-Type": "text/event-stream",
+        "Cache-Control": caching.SSE,
+        "X-Accel-Buffering": "no",
+    }
     if not text:
         headers[STREAM_SSE_DATA_ENCODING] = "base64"
     response = web.StreamResponse(status=200, headers=headers)

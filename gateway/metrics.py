@@ -74,6 +74,22 @@ def child(metric: Any, *labels: str) -> Any:
     return found
 
 
+_request_children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+
+
+def observe_request(route: str, method: str, status: int, seconds: float) -> None:
+    """One answered request: its count and duration (children found with one lookup)."""
+    key = (route, method, status)
+    found = _request_children.get(key)
+    if found is None:
+        found = _request_children[key] = (
+            REQUESTS.labels(route, method, str(status)),
+            REQUEST_SECONDS.labels(route, method),
+        )
+    found[0].inc()
+    found[1].observe(seconds)
+
+
 def render() -> tuple[bytes, str]:
     """The exposition text of this process, or of all processes in multiprocess mode."""
     if os.environ.get(MULTIPROC_ENV):

@@ -189,7 +189,7 @@ class Store:
         self.cold = cold
         self.hints = Hints(redis)
         self._appends: Batcher[tuple[str, _Append], Any] = Batcher(
-            self._append_pipeline, size=lambda item: sum(map(len, item[1].entries))
+            self._append_batch, size=lambda item: sum(map(len, item[1].entries))
         )
         self.scripts = Scripts(redis)
         self.max_chunk_bytes = max_chunk_bytes
@@ -197,9 +197,13 @@ class Store:
         self._shared_reads: SingleFlight[Chunk] = SingleFlight()
 
     async def _call(self, name: str, sid: str, *args: Any) -> Any:
+        """A script on one stream's keys."""
+        return await self._script(name, keys.stream_keys(sid), list(args))
+
+    async def _script(self, name: str, script_keys: list[str], args: list[Any]) -> Any:
         started = time.perf_counter()
         try:
-            return await self.scripts.call(name, keys.stream_keys(sid), list(args))
+            return await self.scripts.call(name, script_keys, args)
         except Exception as exc:
             metrics.REDIS_ERRORS.labels(name, type(exc).__name__).inc()
             raise
@@ -365,39 +369,30 @@ class Store:
             )
         raise _append_error(status, result)
 
-    async def _append_pipeline(self, lane: str, batch: list[tuple[str, _Append]]) -> list[Any]:
-        """One Redis round trip for a batch: one append.lua call per stream (its appends in
-        arrival order), all calls pipelined. Returns each append's result, in batch order."""
+    async def _append_batch(self, lane: str, batch: list[tuple[str, _Append]]) -> list[Any]:
+        """One append.lua call for a whole batch: each stream's keys in turn, its appends
+        in arrival order. Returns each append's result, in batch order.
+
+        One call rather than a pipeline of one call per stream: a pipeline costs the
+        gateway ~60 µs more CPU per append (measured at 64 writers on 1,000 streams), and
+        the one script either runs whole or, refused before its first write (OOM), not
+        at all: no batch is half applied."""
         by_stream: dict[str, list[int]] = {}
         for index, (sid, _) in enumerate(batch):
             by_stream.setdefault(sid, []).append(index)
-
-        def args(indexes: list[int]) -> list[Any]:
-            out: list[Any] = [self.notice_payload_bytes, len(indexes)]
+        script_keys: list[str] = []
+        args: list[Any] = [self.notice_payload_bytes]
+        order: list[int] = []  # batch index of each result append.lua returns
+        for sid, indexes in by_stream.items():
+            script_keys += keys.stream_keys(sid)
+            args.append(len(indexes))
             for i in indexes:
-                out += batch[i][1].script_args()
-            return out
-
-        if len(by_stream) == 1:  # one stream: a plain call costs less than a pipeline
-            return await self._call("append", batch[0][0], *args(list(range(len(batch)))))
-        started = time.perf_counter()
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for sid, indexes in by_stream.items():
-                await self.scripts.call("append", keys.stream_keys(sid), args(indexes), client=pipe)
-            try:
-                replies = await pipe.execute(raise_on_error=False)
-            except Exception as exc:
-                metrics.REDIS_ERRORS.labels("append", type(exc).__name__).inc()
-                raise
-            finally:
-                metrics.child(metrics.REDIS_SECONDS, "append").observe(time.perf_counter() - started)
+                args += batch[i][1].script_args()
+            order += indexes
+        replies = await self._script("append", script_keys, args)
         results: list[Any] = [None] * len(batch)
-        for indexes, reply in zip(by_stream.values(), replies, strict=True):
-            if isinstance(reply, Exception):  # Redis refused (OOM, ...): the whole batch learns of it
-                metrics.REDIS_ERRORS.labels("append", type(reply).__name__).inc()
-                raise reply
-            for i, result in zip(indexes, reply, strict=True):
-                results[i] = result
+        for i, reply in zip(order, replies, strict=True):
+            results[i] = reply
         return results
 
     async def delete(self, sid: str) -> None:

@@ -1,6 +1,7 @@
 -- _prelude.lua: helpers shared by every script here. gateway/scripts.py puts
 -- this text in front of each script before loading it, so helpers are written
--- once. Every script gets the same KEYS, all of one stream (one hash tag):
+-- once. Every script gets the same KEYS, all of one stream (one hash tag;
+-- append.lua gets them for several streams and binds each in turn):
 --   KEYS[1] meta (hash)   KEYS[2] log (stream)   KEYS[3] producers (hash)
 --   KEYS[4] forks (set)   KEYS[5] notify channel (a name, never stored)
 -- Archived data lives in Parquet; its segment list is the sorted set
@@ -52,9 +53,9 @@ end
 -- forks still read from must outlive its deadline, so it is made persistent.
 local function apply_expiry(m)
   if m.exp and redis.call('SCARD', FORKS) == 0 then
-    for i = 1, 4 do redis.call('PEXPIREAT', KEYS[i], m.exp) end
+    for _, key in ipairs({META, LOG, PROD, FORKS}) do redis.call('PEXPIREAT', key, m.exp) end
   else
-    for i = 1, 4 do redis.call('PERSIST', KEYS[i]) end
+    for _, key in ipairs({META, LOG, PROD, FORKS}) do redis.call('PERSIST', key) end
   end
 end
 

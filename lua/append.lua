@@ -1,16 +1,19 @@
--- append.lua: POST. One or more appends to the stream (appends that reached
--- a gateway together: gateway/batching.py), each checked and applied in
--- order exactly as if it came alone: content type, closure, Stream-Seq and
--- idempotent producer checks, committed together with its data.
--- ARGV: 1 largest amount of appended bytes that rides along in the notice,
---   2 number of appends, then per append: content type normalized ('' when
---   the body is empty), '1' to close after appending, Stream-Seq ('' none),
---   producer id ('' none), producer epoch, producer seq, entry count k, and
---   the k entries (none = close-only).
--- Publishes one notice on the notify channel for all of them:
+-- append.lua: POST. Appends that reached a gateway together
+-- (gateway/batching.py), to one or more streams: each checked and applied in
+-- order exactly as if it came alone (content type, closure, Stream-Seq and
+-- idempotent producer checks), committed together with its data.
+-- KEYS: the five stream keys (_prelude.lua) of each stream, one after another.
+--   Redis Cluster would need every stream of a call in one slot; the gateway
+--   talks to one primary, so one call carries a whole batch.
+-- ARGV: 1 largest amount of appended bytes that rides along in a notice,
+--   then per stream (in KEYS order): its number of appends, then per append:
+--   content type normalized ('' when the body is empty), '1' to close after
+--   appending, Stream-Seq ('' none), producer id ('' none), producer epoch,
+--   producer seq, entry count k, and the k entries (none = close-only).
+-- Publishes one notice per changed stream on its notify channel:
 --   "<old tail> <new tail> <closed 0|1>", plus for small appends
 --   " <len>,<len>,...\n<data><data>..." (gateway/notices.py).
--- Returns one result per append, in order:
+-- Returns one result per append, in ARGV order:
 --   {'ok', tail, closed}            appended / closed
 --   {'dup', tail, closed, epoch, seq} producer retry, already applied
 --   {'closed', tail}                the stream is closed (409)
@@ -18,78 +21,96 @@
 --   {'stale_epoch', epoch}  {'seq_gap', expected, received}
 --   {'missing'} {'gone'}
 local now = now_ms()
-local m = load_meta()
-local status = resolve(m, now)
 local results = {}
-if status ~= 'ok' then
-  for n = 1, tonumber(ARGV[2]) do results[n] = {status} end
-  return results
-end
-local old_tail, was_closed, changed = m.tail, m.closed, false
-local appended = {}  -- ARGV indices of the entries appended, for the notice
 
-local function append_one(ctn, close, sseq, pid, ep, sq, first, last)
-  local has_data = last >= first
-  local tuple = nil
-  if pid ~= '' then tuple = pid .. '\n' .. ep .. '\n' .. sq end
-  if m.closed then
-    if tuple and m.closed_by == tuple then return {'dup', m.tail, '1', ep, sq} end
-    if close and not has_data then changed = true; return {'ok', m.tail, '1'} end
-    return {'closed', m.tail}
-  end
-  if has_data and ctn ~= m.ctn then return {'ct_mismatch'} end
-  local epoch, seq = tonumber(ep), tonumber(sq)
-  if tuple then
-    local state = redis.call('HGET', PROD, pid)
-    if state then
-      local cur, prev = string.match(state, '^(%d+):(%d+)$')
-      cur, prev = tonumber(cur), tonumber(prev)
-      if epoch < cur then return {'stale_epoch', fmt(cur)} end
-      if epoch == cur then
-        if seq <= prev then return {'dup', m.tail, '0', ep, fmt(prev)} end
-        if seq ~= prev + 1 then return {'seq_gap', fmt(prev + 1), sq} end
-      elseif seq ~= 0 then
-        return {'bad_epoch_seq'}
-      end
-    elseif seq ~= 0 then
-      return {'seq_gap', '0', sq}
+-- The appends of the stream whose keys are bound now; `i` indexes its count in ARGV.
+-- Returns the ARGV index after its last append.
+local function append_stream(i)
+  local count = tonumber(ARGV[i])
+  local m = load_meta()
+  local status = resolve(m, now)
+  if status ~= 'ok' then  -- every append of the stream learns of it; skip its arguments
+    i = i + 1
+    for _ = 1, count do
+      results[#results + 1] = {status}
+      i = i + 7 + tonumber(ARGV[i + 6])
     end
+    return i
   end
-  if sseq ~= '' and m.seq and not bytes_less(m.seq, sseq) then return {'seq_regress'} end
+  local old_tail, was_closed, changed = m.tail, m.closed, false
+  local appended = {}  -- ARGV indices of the entries appended, for the notice
 
-  m.tail = fmt(add_entries(m, first, last, now, tuple and (ep .. ' ' .. sq .. ' ' .. pid)))
-  for i = first, last do appended[#appended + 1] = i end
-  local fields = {'tail', m.tail}
-  if sseq ~= '' then m.seq = sseq; fields[#fields + 1] = 'seq'; fields[#fields + 1] = sseq end
-  if close then
-    m.closed = '1'; fields[#fields + 1] = 'closed'; fields[#fields + 1] = '1'
-    if tuple then m.closed_by = tuple; fields[#fields + 1] = 'closed_by'; fields[#fields + 1] = tuple end
+  local function append_one(ctn, close, sseq, pid, ep, sq, first, last)
+    local has_data = last >= first
+    local tuple = nil
+    if pid ~= '' then tuple = pid .. '\n' .. ep .. '\n' .. sq end
+    if m.closed then
+      if tuple and m.closed_by == tuple then return {'dup', m.tail, '1', ep, sq} end
+      if close and not has_data then changed = true; return {'ok', m.tail, '1'} end
+      return {'closed', m.tail}
+    end
+    if has_data and ctn ~= m.ctn then return {'ct_mismatch'} end
+    local epoch, seq = tonumber(ep), tonumber(sq)
+    if tuple then
+      local state = redis.call('HGET', PROD, pid)
+      if state then
+        local cur, prev = string.match(state, '^(%d+):(%d+)$')
+        cur, prev = tonumber(cur), tonumber(prev)
+        if epoch < cur then return {'stale_epoch', fmt(cur)} end
+        if epoch == cur then
+          if seq <= prev then return {'dup', m.tail, '0', ep, fmt(prev)} end
+          if seq ~= prev + 1 then return {'seq_gap', fmt(prev + 1), sq} end
+        elseif seq ~= 0 then
+          return {'bad_epoch_seq'}
+        end
+      elseif seq ~= 0 then
+        return {'seq_gap', '0', sq}
+      end
+    end
+    if sseq ~= '' and m.seq and not bytes_less(m.seq, sseq) then return {'seq_regress'} end
+
+    m.tail = fmt(add_entries(m, first, last, now, tuple and (ep .. ' ' .. sq .. ' ' .. pid)))
+    for i = first, last do appended[#appended + 1] = i end
+    local fields = {'tail', m.tail}
+    if sseq ~= '' then m.seq = sseq; fields[#fields + 1] = 'seq'; fields[#fields + 1] = sseq end
+    if close then
+      m.closed = '1'; fields[#fields + 1] = 'closed'; fields[#fields + 1] = '1'
+      if tuple then m.closed_by = tuple; fields[#fields + 1] = 'closed_by'; fields[#fields + 1] = tuple end
+    end
+    redis.call('HSET', META, unpack(fields))
+    if tuple then redis.call('HSET', PROD, pid, ep .. ':' .. sq) end
+    changed = true
+    return {'ok', m.tail, close and '1' or '0'}
   end
-  redis.call('HSET', META, unpack(fields))
-  if tuple then redis.call('HSET', PROD, pid, ep .. ':' .. sq) end
-  changed = true
-  return {'ok', m.tail, close and '1' or '0'}
+
+  i = i + 1
+  for _ = 1, count do
+    local first = i + 7
+    local last = first + tonumber(ARGV[i + 6]) - 1
+    results[#results + 1] = append_one(ARGV[i], ARGV[i + 1] == '1', ARGV[i + 2], ARGV[i + 3], ARGV[i + 4],
+      ARGV[i + 5], first, last)
+    i = last + 1
+  end
+  if not changed then return i end
+
+  touch(m, now, 0)
+  if m.exp and not m.ttl then apply_expiry(m) end  -- a new log key needs the deadline too
+  if m.tail ~= old_tail or m.closed ~= was_closed then
+    local notice = old_tail .. ' ' .. m.tail .. (m.closed and ' 1' or ' 0')
+    if #appended > 0 and tonumber(m.tail) - tonumber(old_tail) <= tonumber(ARGV[1]) then
+      local sizes, datas = {}, {}
+      for k, index in ipairs(appended) do sizes[k] = #ARGV[index]; datas[k] = ARGV[index] end
+      notice = notice .. ' ' .. table.concat(sizes, ',') .. '\n' .. table.concat(datas)
+    end
+    redis.call('PUBLISH', CHANNEL, notice)
+  end
+  return i
 end
 
-local i = 3
-for n = 1, tonumber(ARGV[2]) do
-  local first = i + 7
-  local last = first + tonumber(ARGV[i + 6]) - 1
-  results[n] = append_one(ARGV[i], ARGV[i + 1] == '1', ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5],
-    first, last)
-  i = last + 1
-end
-if not changed then return results end
-
-touch(m, now, 0)
-if m.exp and not m.ttl then apply_expiry(m) end  -- a new log key needs the deadline too
-if m.tail ~= old_tail or m.closed ~= was_closed then
-  local notice = old_tail .. ' ' .. m.tail .. (m.closed and ' 1' or ' 0')
-  if #appended > 0 and tonumber(m.tail) - tonumber(old_tail) <= tonumber(ARGV[1]) then
-    local sizes, datas = {}, {}
-    for k, index in ipairs(appended) do sizes[k] = #ARGV[index]; datas[k] = ARGV[index] end
-    notice = notice .. ' ' .. table.concat(sizes, ',') .. '\n' .. table.concat(datas)
-  end
-  redis.call('PUBLISH', CHANNEL, notice)
+local i = 2
+for k = 0, #KEYS / 5 - 1 do
+  META, LOG, PROD, FORKS, CHANNEL = KEYS[5 * k + 1], KEYS[5 * k + 2], KEYS[5 * k + 3], KEYS[5 * k + 4],
+    KEYS[5 * k + 5]
+  i = append_stream(i)
 end
 return results

@@ -7,6 +7,7 @@ import time
 
 import aiohttp
 
+from gateway import keys
 from gateway.batching import Batcher
 
 from .test_live import evalsha_calls, read_sse
@@ -133,3 +134,66 @@ async def test_shared_reads_never_go_back_in_time() -> None:
     gate.set()
     assert [await t for t in (first, same_moment, later, also_later)] == ["first", "first", "later", "later"]
     assert calls == ["first", "later"]
+
+
+async def test_appends_to_many_streams_go_in_one_call_each_checked_alone(http, url, redis) -> None:
+    """A batch spans streams: append.lua binds each stream's keys in turn. Every stream
+    keeps its own rules, data, expiry and notices; wrong streams get their own answers."""
+    names = [f"{url}-{n}" for n in range(24)]
+    for name in names:
+        async with http.put(name, headers=TEXT) as r:
+            assert r.status == 201
+    ttl, closed, json_stream, missing = f"{url}-ttl", f"{url}-closed", f"{url}-json", f"{url}-missing"
+    async with http.put(ttl, headers={**TEXT, "Stream-TTL": "600"}) as r:
+        assert r.status == 201
+    async with http.put(closed, headers={**TEXT, "Stream-Closed": "true"}) as r:
+        assert r.status == 201
+    async with http.put(json_stream, headers={"Content-Type": "application/json"}) as r:
+        assert r.status == 201
+    watched = await http.get(names[3], params={"offset": "now", "live": "sse"})
+    await read_sse(watched, "upToDate")
+    before = await evalsha_calls(redis)
+
+    async def post(target: str, body: bytes, headers: dict = TEXT) -> int:
+        async with http.post(target, data=body, headers=headers) as r:
+            await r.read()
+            return r.status
+
+    plain = [post(name, f"{name[-2:]}:{k};".encode()) for k in range(3) for name in names]
+    odd = [
+        post(ttl, b"lives"),
+        post(closed, b"late"),
+        post(missing, b"nobody"),
+        post(json_stream, b"plain text", TEXT),
+        post(json_stream, b'{"a": 1}', {"Content-Type": "application/json"}),
+    ]
+    statuses = await asyncio.gather(*plain, *odd)
+    calls = await evalsha_calls(redis) - before
+    assert statuses[: len(plain)] == [204] * len(plain)
+    assert statuses[len(plain) :] == [204, 409, 404, 409, 204]
+    assert calls < len(plain) // 4, f"{calls} script calls for {len(statuses)} appends to 28 streams"
+
+    for name in names:  # each stream has exactly its own appends, in its writers' order
+        body, offset = "", "-1"
+        while True:
+            async with http.get(name, params={"offset": offset}) as r:
+                body += (await r.read()).decode()
+                offset = r.headers["Stream-Next-Offset"]
+                if r.headers.get("Stream-Up-To-Date") == "true":
+                    break
+        assert sorted(body.rstrip(";").split(";")) == [f"{name[-2:]}:{k}" for k in range(3)]
+
+    # The TTL stream's new log got its deadline; the others got none.
+    def log_key(target: str) -> str:
+        return keys.stream_keys(keys.stream_id(target.rsplit("/", 1)[1]))[1]
+
+    assert 0 < await redis.pttl(log_key(ttl)) <= 600_000
+    assert await redis.pttl(log_key(names[0])) == -1
+    # The reader of one stream was woken with that stream's data only.
+    live = ""
+    while live.count(";") < 3:
+        for kind, data in await asyncio.wait_for(read_sse(watched, "streamNextOffset"), 5):
+            if kind == "data":
+                live += data
+    assert sorted(live.rstrip(";").split(";")) == [f"{names[3][-2:]}:{k}" for k in range(3)]
+    watched.close()

@@ -32,6 +32,8 @@ async def test_requests_appends_live_and_redis_are_counted(http, gateway, url):
             assert r.status == 204
     async with http.post(url, data=b"[1]", headers={"Content-Type": "application/json"}) as r:
         assert r.status == 409
+    async with http.get(gateway.split("/v1/stream")[0] + "/no/such/page") as r:
+        assert r.status == 404
     sse = await http.get(url, params={"offset": "now", "live": "sse"})
     await sse.content.readline()
     try:
@@ -52,6 +54,7 @@ async def test_requests_appends_live_and_redis_are_counted(http, gateway, url):
     assert grew("ds_http_requests_total", route="stream", method="POST", status="204") == 3
     assert grew("ds_http_requests_total", route="stream", method="POST", status="409") == 1
     assert grew("ds_http_requests_total", route="stream", method="PUT", status="201") == 1
+    assert grew("ds_http_requests_total", route="other", method="GET", status="404") == 1
     assert grew("ds_redis_call_duration_seconds_count", script="append") == 4
     assert grew("ds_http_request_duration_seconds_count", route="stream", method="POST") == 4
     # No stream path ever becomes a label (cardinality).

@@ -235,6 +235,31 @@ async def test_head_and_security_headers(http: aiohttp.ClientSession, url: str) 
         assert "PUT" in r.headers["Access-Control-Allow-Methods"]
 
 
+async def test_every_answer_has_security_headers(http: aiohttp.ClientSession, url: str, gateway: str) -> None:
+    """Browsers need CORS on errors too: 4xx from the protocol, from aiohttp (413), from
+    routing (404/405), and on event streams, whose headers go out before the handler ends."""
+    await http.put(url, headers=TEXT)
+    root = gateway.split("/v1/stream")[0]
+    answers = [
+        (http.post(url, data=b"x" * 5000, headers=TEXT), 413),
+        (http.post(url, data=b"[1]", headers={"Content-Type": "application/json"}), 409),
+        (http.get(url + "?offset=abc"), 400),
+        (http.get(url + "-missing"), 404),
+        (http.get(root + "/nowhere"), 404),
+        (http.patch(url), 405),
+        (http.post(root + "/healthz"), 405),
+        (http.head(root + "/healthz"), 200),
+        (http.get(url + "?offset=-1&live=sse"), 200),
+    ]
+    for request, status in answers:
+        async with request as r:
+            assert r.status == status, (r.method, r.url)
+            assert r.headers["X-Content-Type-Options"] == "nosniff", (r.method, r.url)
+            assert r.headers["Access-Control-Allow-Origin"] == "*"
+            if status == 405:
+                assert "GET" in r.headers["Allow"]
+
+
 async def test_delete_frees_redis(http: aiohttp.ClientSession, url: str, redis: aioredis.Redis) -> None:
     await http.put(url, data=b"abc", headers=TEXT)
     sid = keys.stream_id(url.rsplit("/", 1)[1])
