@@ -146,7 +146,9 @@ def create_app(settings: Settings, redis_url: str) -> web.Application:
         client = redis_client.connect(redis_url, settings.redis_max_connections)
         pubsub_client = aioredis.Redis.from_url(redis_url, decode_responses=False)
         cold = ColdReader(Archive(settings.archive_location), settings.archive_cache_bytes)
-        store = Store(client, cold, settings.max_chunk_bytes, settings.notice_payload_bytes)
+        store = Store(
+            client, cold, settings.max_chunk_bytes, settings.notice_payload_bytes, settings.read_inline_bytes
+        )
         await client.ping()
         await durability.check(client, require=settings.require_durable)
         await store.scripts.load()

@@ -22,6 +22,7 @@ class Settings:
     prefix: str = "/v1/stream"
     max_body_bytes: int = 64 * 1024 * 1024
     max_chunk_bytes: int = 4 * 1024 * 1024
+    read_inline_bytes: int = 64 * 1024
     max_path_bytes: int = 1024
     long_poll_timeout: float = 20.0
     sse_cycle_seconds: float = 60.0
@@ -76,6 +77,8 @@ HELP = {
     "prefix": "URL prefix streams live under",
     "max_body_bytes": "largest request body accepted; larger ones get 413",
     "max_chunk_bytes": "most bytes one read response returns (clients continue from Stream-Next-Offset)",
+    "read_inline_bytes": "reads of byte streams longer than this fetch their data with a plain XRANGE "
+    "after the script instead of through Lua (one more round trip; a quarter of Redis' work)",
     "max_path_bytes": "longest stream path accepted",
     "long_poll_timeout": "seconds a long-poll waits for data before answering 204",
     "sse_cycle_seconds": "seconds after which an SSE response ends so clients reconnect (CDN collapsing)",

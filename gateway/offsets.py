@@ -32,6 +32,11 @@ def encode(position: int) -> str:
     return _GENERATION_0 + format(position, _POSITION)  # every response has one: kept cheap
 
 
+def entry_id(position: int) -> str:
+    """The Redis Stream id of the log entry that starts at ``position``."""
+    return f"{position}-1"
+
+
 def decode(token: str) -> int:
     """The byte position an offset token names; 400 for anything malformed."""
     match = _TOKEN.match(token)

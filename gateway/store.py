@@ -183,9 +183,20 @@ def _not_found(status: str) -> ProtocolError:
 
 class Store:
     def __init__(
-        self, redis: Redis, cold: ColdReader, max_chunk_bytes: int, notice_payload_bytes: int = 8192
+        self,
+        redis: Redis,
+        cold: ColdReader,
+        max_chunk_bytes: int,
+        notice_payload_bytes: int = 8192,
+        read_inline_bytes: int = 64 * 1024,
     ) -> None:
         self.redis = redis
+        # Bulk reads (see _bulk) take XRANGE replies as Redis sends them, not parsed
+        # into a dict per entry (40,000 small entries: 56 ms instead of 91).
+        self._raw = Redis(connection_pool=redis.connection_pool)
+        for command in ("XRANGE", "XREVRANGE"):
+            self._raw.set_response_callback(command, lambda response, **options: response)
+        self.read_inline_bytes = read_inline_bytes
         self.cold = cold
         self.hints = Hints(redis)
         self._appends: Batcher[tuple[str, _Append], Any] = Batcher(
@@ -438,7 +449,9 @@ class Store:
                 return Chunk(meta, start, entries)
             found = None
         own = max(start, meta.base)
-        entries += await self._range(sid, own, meta.tail, budget, meta.is_json, _UNLIMITED, found)
+        entries += await self._range(
+            sid, own, meta.tail, budget, meta.is_json, _UNLIMITED, found, created=meta.created
+        )
         return Chunk(meta, start, entries)
 
     async def read_shared(self, sid: str, start: int | None, since: float) -> Chunk:
@@ -448,30 +461,46 @@ class Store:
 
     async def _read(self, sid: str, start: int, *, refresh: bool, budget: int = 0) -> tuple[Meta, Any]:
         """The stream's meta and what read.lua found at ``start`` (see ``_range``)."""
-        result = await self._call("read", sid, start, budget, "1" if refresh else "0")
+        result = await self._call("read", sid, start, budget, "1" if refresh else "0", self.read_inline_bytes)
         status = _text(result[0])
         if status != "ok":
             raise _not_found(status)
         return Meta.parse(sid, result[1]), result[2:]
 
     async def _range(
-        self, sid: str, pos: int, hi: int, budget: int, whole: bool, max_entries: int, found: Any = None
+        self,
+        sid: str,
+        pos: int,
+        hi: int,
+        budget: int,
+        whole: bool,
+        max_entries: int,
+        found: Any = None,
+        created: str | None = None,
     ) -> list[tuple[int, bytes]]:
         """A stream's own entries in [pos, hi), hot (Redis) or cold (files).
 
-        Each script call answers with the log's entries, or with the archived
-        segment holding ``pos``; a segment is read from its file and the read
-        goes on from its end. ``found`` is a first answer the caller already has.
+        Each script call answers with the log's entries, with the archived
+        segment holding ``pos`` (read from its file; the read goes on from its
+        end), or with 'bulk' (see ``_bulk``). ``found`` is a first answer the
+        caller already has; ``created`` the stream's, when the caller knows it.
         """
         out: list[tuple[int, bytes]] = []
         retries = 0
+        inline = self.read_inline_bytes
         while pos < hi and budget > 0 and max_entries > 0:
             if found is None:
                 found = await self._call(
-                    "read_range", sid, pos, hi, budget, "1" if whole else "0", max_entries
+                    "read_range", sid, pos, hi, budget, "1" if whole else "0", max_entries, inline
                 )
-            hot, member = _pairs(found[0]), _text(found[1])
+            hot, member, bulk = _pairs(found[0]), _text(found[1]), len(found) > 2
             found = None
+            if bulk:
+                got = await self._bulk(sid, pos, min(hi, pos + budget), created)
+                if got is None:  # the log changed since the script looked: ask it again, inline
+                    inline = _UNLIMITED
+                    continue
+                return out + got
             if member:
                 segment = ArchivedSegment.parse(member)
                 try:
@@ -495,6 +524,35 @@ class Store:
             if not member:
                 break  # the log answered all it could up to the budget
         return out
+
+    async def _bulk(
+        self, sid: str, pos: int, end: int, created: str | None
+    ) -> list[tuple[int, bytes]] | None:
+        """[pos, end) of a byte stream's log, fetched with plain XRANGE (read_from's
+        'bulk' answer), or None when the log no longer holds all of it (archived or
+        deleted since the script looked) or the stream is not the one it saw.
+
+        Data below the tail never changes, so what the script decided still holds
+        if the entries are there; one MULTI reads them with the stream's identity.
+        """
+        meta_key, log_key = keys.stream_keys(sid)[:2]
+        async with self._raw.pipeline(transaction=True) as pipe:
+            pipe.xrevrange(log_key, offsets.entry_id(pos), "-", count=1)  # the entry holding pos
+            pipe.xrange(log_key, "(" + offsets.entry_id(pos), offsets.entry_id(end - 1))
+            pipe.hget(meta_key, "created")
+            first, rest, now_created = await pipe.execute()
+        if created is not None and (now_created is None or _text(now_created) != created):
+            return None
+        out: list[tuple[int, bytes]] = []
+        at = pos  # where the next entry must start
+        for entry_id, fields in first + rest:
+            start, data = int(entry_id.split(b"-", 1)[0]), fields[1]  # fields: d <data> t <ms> ...
+            in_place = start == at if out else start <= pos < start + len(data)
+            if not in_place:
+                return None  # a gap: trimmed or replaced meanwhile
+            out.append((at, data[at - start : end - start]))
+            at = start + len(data)
+        return out if out and at >= end else None
 
     async def _read_segments(
         self, segments: Any, start: int, budget: int, whole: bool, max_entries: int

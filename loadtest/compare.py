@@ -6,8 +6,13 @@ Starts each server in turn (ours: one gateway process on an embedded Redis
 with AOF fsync always; ``reference``: the npm server file-backed, its durable
 mode; ``reference-memory``: the same in memory), runs the append scenarios,
 the catch-up read and the end-to-end latency scenario against it, and writes
-``loadtest/results/comparison.json`` and ``comparison.md`` (the README's table).
+``loadtest/results/comparison.json``, ``comparison.md`` (the README's table) and
+``comparison.png`` (append rate and p99 latency by number of writers).
 Servers run one at a time, so they never compete for the machine.
+
+For ours it also records the longest AOF fsync Redis waited for during the
+run (Redis' latency monitor): with ``appendfsync always`` a slow disk stalls
+every write, and one stall of ~100 ms is enough to move a 5 s run's p99.
 """
 
 from __future__ import annotations
@@ -20,7 +25,9 @@ from pathlib import Path
 
 from . import latency
 from .appends import SCENARIOS, run_appends, run_read
-from .servers import KINDS, start, use_uvloop
+from .servers import KINDS, Running, start, use_uvloop
+
+CURVE = ("1w-1s-100B", "8w-1s-100B", "64w-1s-100B")  # one stream, 100 B, by writers
 
 
 def cell_append(r: dict) -> str:
@@ -53,6 +60,62 @@ def table(results: dict[str, dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def plot(results: dict[str, dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
+
+    plain = FuncFormatter(lambda value, _: f"{value:,.0f}" if value >= 1 else f"{value:g}")
+    fig, (rate_ax, p99_ax) = plt.subplots(1, 2, figsize=(10, 4.2))
+    for server, result in results.items():
+        rows = [result["appends"][name] for name in CURVE if name in result["appends"]]
+        writers = [int(r["scenario"].split("w-", 1)[0]) for r in rows]
+        rate_ax.plot(writers, [r["appends_per_second"] for r in rows], marker="o", label=server)
+        p99_ax.plot(writers, [r["p99_ms"] for r in rows], marker="o", label=server)
+    for ax, label in ((rate_ax, "successful appends/s"), (p99_ax, "p99 append latency, ms")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks([1, 8, 64], ["1", "8", "64"])
+        ax.yaxis.set_major_formatter(plain)
+        ax.yaxis.set_minor_formatter(plain)
+        ax.set_xlabel("concurrent writers, one stream, 100 B")
+        ax.set_ylabel(label)
+        ax.grid(True, which="both", alpha=0.3)
+    p99_ax.axhline(10, color="grey", linestyle=":", linewidth=1)
+    rate_ax.legend()
+    fig.suptitle("Durable Streams appends, one run on one machine")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+class FsyncStalls:
+    """The longest AOF fsync of ours' embedded Redis while the block runs, in ms."""
+
+    def __init__(self, server: Running) -> None:
+        self.socket = Path(server.data_dir) / "redis.sock"
+        self.longest_ms: int | None = None
+
+    def _redis(self):  # noqa: ANN202 - redis.Redis
+        import redis
+
+        return redis.Redis(unix_socket_path=str(self.socket))
+
+    def __enter__(self) -> FsyncStalls:
+        if self.socket.exists():
+            with self._redis() as r:
+                r.config_set("latency-monitor-threshold", 5)
+                r.execute_command("LATENCY", "RESET")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.socket.exists():
+            with self._redis() as r:
+                events = {e[0].decode(): e[3] for e in r.execute_command("LATENCY", "LATEST")}
+            self.longest_ms = int(events.get("aof-fsync-always", 0))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -69,9 +132,11 @@ def main() -> None:
         result: dict = {"appends": {}}
         with start(kind) as server:
             for scenario in SCENARIOS:
-                r = asyncio.run(run_appends(server.base_url, kind, scenario, args.seconds, server.pid))
-                result["appends"][scenario] = asdict(r)
-                print(f"{kind:<18} {scenario:<22} {cell_append(asdict(r))}", flush=True)
+                with FsyncStalls(server) as stalls:
+                    r = asyncio.run(run_appends(server.base_url, kind, scenario, args.seconds, server.pid))
+                result["appends"][scenario] = {**asdict(r), "longest_fsync_ms": stalls.longest_ms}
+                stall = f" (longest fsync {stalls.longest_ms} ms)" if stalls.longest_ms is not None else ""
+                print(f"{kind:<18} {scenario:<22} {cell_append(asdict(r))}{stall}", flush=True)
             if args.read_mb:
                 result["read"] = asyncio.run(run_read(server.base_url, kind, args.read_mb))
                 print(f"{kind:<18} read {result['read']['mb_per_second']} MB/s", flush=True)
@@ -82,6 +147,7 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
     out.with_suffix(".md").write_text(table(results))
+    plot(results, out.with_suffix(".png"))
     print(table(results))
 
 

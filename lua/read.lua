@@ -1,10 +1,12 @@
 -- read.lua: one consistent look at a stream: its metadata and own entries.
 -- ARGV: 1 start position (-1: metadata only), 2 byte budget, 3 '1' when this
---   read refreshes a sliding TTL (GET does, HEAD does not).
--- Returns {'ok', meta, entries, segment} with entries = {pos, data, ...} from
---   max(start, base), or none and the archived segment ('' if none) holding
---   that position when it is below the log (see read_from) | {'missing'} | {'gone'}.
-local start, budget = tonumber(ARGV[1]), tonumber(ARGV[2])
+--   read refreshes a sliding TTL (GET does, HEAD does not), 4 most bytes to
+--   return inline (more: the 'bulk' answer of read_from).
+-- Returns {'ok', meta, entries, segment[, 'bulk']} with entries = {pos, data,
+--   ...} from max(start, base), or none and the archived segment ('' if none)
+--   holding that position when it is below the log, or none and 'bulk' (see
+--   read_from) | {'missing'} | {'gone'}.
+local start, budget, inline = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[4])
 local now = now_ms()
 local m = load_meta()
 local status = resolve(m, now)
@@ -14,7 +16,7 @@ local found = {{}, ''}
 if start >= 0 then
   local from = math.max(start, tonumber(m.base))
   if from < tonumber(m.tail) then
-    found = read_from(m, from, nil, budget, m.ctn == 'application/json', budget + 1)
+    found = read_from(m, from, nil, budget, m.ctn == 'application/json', budget + 1, inline)
   end
 end
-return {'ok', flat(m), found[1], found[2]}
+return {'ok', flat(m), found[1], found[2], found[3]}

@@ -98,7 +98,10 @@ def archive_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture(scope="session")
 async def gateway(redis_url: str, archive_dir: str) -> AsyncIterator[str]:
     """Base URL of a gateway with small limits, so chunking and 413 are cheap to hit."""
-    server = await start_gateway(redis_url, max_chunk_bytes=64, max_body_bytes=4096, archive_url=archive_dir)
+    # read_inline_bytes 16: most reads take the bulk (XRANGE) path, the smallest the inline one.
+    server = await start_gateway(
+        redis_url, max_chunk_bytes=64, read_inline_bytes=16, max_body_bytes=4096, archive_url=archive_dir
+    )
     yield str(server.make_url("/v1/stream"))
     await server.close()
 

@@ -13,7 +13,7 @@ echo "== ruff"
 
 echo "== conformance suite (@durable-streams/server-conformance-tests)"
 .venv/bin/python tests/conformance/run.py
-echo "== conformance suite again, with an archive worker at hot window 0 (reads from Parquet)"
+echo "== conformance suite again: archive worker at hot window 0 (reads from Parquet), bulk reads"
 .venv/bin/python tests/conformance/run.py --archive
 
 echo "== pytest"

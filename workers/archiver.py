@@ -36,7 +36,7 @@ from typing import Any
 import pyarrow as pa
 from redis.asyncio import Redis
 
-from gateway import keys, metrics
+from gateway import keys, metrics, offsets
 from gateway.archive import Archive, Row, to_table
 from gateway.config import Settings
 from gateway.scripts import Scripts
@@ -284,7 +284,7 @@ class Archiver:
 
     async def _log(self, sid: str, start: int, end: int | None = None) -> AsyncIterator[Row]:
         """The log's entries from ``start`` (to ``end``, exclusive), read a page at a time."""
-        cursor, last = f"{start}-1", "+" if end is None else f"({end}-1"
+        cursor, last = offsets.entry_id(start), "+" if end is None else "(" + offsets.entry_id(end)
         while page := await self.redis.xrange(keys.stream_keys(sid)[1], min=cursor, max=last, count=PAGE):
             for entry_id, fields in page:
                 yield _row(entry_id, fields)

@@ -5,7 +5,9 @@
 Without --base-url it starts an embedded Redis in a temporary directory and a
 gateway on a free port, runs the suite, and stops both; with --archive it also
 runs an archive worker with a hot window of 0, so reads go to Parquet files
-as soon as the worker has moved the data. The npm packages are
+as soon as the worker has moved the data, and the gateway reads every byte
+stream in bulk (--read-inline-bytes 0: data by plain XRANGE, with the log
+trimmed under it all the time). The npm packages are
 installed here on first use (versions pinned in package.json). Exits with the
 suite's status.
 """
@@ -46,7 +48,8 @@ def main() -> int:
     from loadtest.servers import archive_worker, start
 
     # A fresh embedded Redis; a short long-poll timeout keeps the suite's timeout tests quick.
-    with start("ours", "--long-poll-timeout", "3") as gateway:
+    extra = ["--read-inline-bytes", "0"] if args.archive else []
+    with start("ours", "--long-poll-timeout", "3", *extra) as gateway:
         if not args.archive:
             return run_suite(gateway.base_url.removesuffix("/v1/stream"))
         hot_window_0 = ["--archive-hot-bytes", "0", "--archive-hot-seconds", "0", "--archive-min-bytes", "0",
