@@ -67,21 +67,26 @@ def plot(results: dict[str, dict], path: Path) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter
 
-    plain = FuncFormatter(lambda value, _: f"{value:,.0f}" if value >= 1 else f"{value:g}")
+    def label(value: float, _: int) -> str:
+        return f"{value:,.0f}" if value >= 1 else f"{value:g}"
+
+    def some(value: float, _: int) -> str:  # minor ticks: 2 and 5 of each decade, or they overlap
+        return label(value, _) if f"{value:.0e}"[0] in "25" else ""
+
     fig, (rate_ax, p99_ax) = plt.subplots(1, 2, figsize=(10, 4.2))
     for server, result in results.items():
         rows = [result["appends"][name] for name in CURVE if name in result["appends"]]
         writers = [int(r["scenario"].split("w-", 1)[0]) for r in rows]
         rate_ax.plot(writers, [r["appends_per_second"] for r in rows], marker="o", label=server)
         p99_ax.plot(writers, [r["p99_ms"] for r in rows], marker="o", label=server)
-    for ax, label in ((rate_ax, "successful appends/s"), (p99_ax, "p99 append latency, ms")):
+    for ax, title in ((rate_ax, "successful appends/s"), (p99_ax, "p99 append latency, ms")):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xticks([1, 8, 64], ["1", "8", "64"])
-        ax.yaxis.set_major_formatter(plain)
-        ax.yaxis.set_minor_formatter(plain)
+        ax.yaxis.set_major_formatter(FuncFormatter(label))
+        ax.yaxis.set_minor_formatter(FuncFormatter(some))
         ax.set_xlabel("concurrent writers, one stream, 100 B")
-        ax.set_ylabel(label)
+        ax.set_ylabel(title)
         ax.grid(True, which="both", alpha=0.3)
     p99_ax.axhline(10, color="grey", linestyle=":", linewidth=1)
     rate_ax.legend()

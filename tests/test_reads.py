@@ -94,7 +94,8 @@ async def test_bulk_read_declines_when_the_log_changed(redis_url: str, http, red
         assert await store._bulk(sid, 4, 6, meta.created) == [(4, b"ef")]
         assert await store._bulk(sid, 0, 10, "another incarnation") is None
         assert await store._bulk(sid, 0, 11, meta.created) is None  # past the log's end
-        await redis.xtrim(keys.stream_keys(sid)[1], minid="3-1", approximate=False)  # what an archive commit does
+        # What an archive commit does to the log:
+        await redis.xtrim(keys.stream_keys(sid)[1], minid="3-1", approximate=False)
         assert await store._bulk(sid, 0, 10, meta.created) is None
         assert await store._bulk(sid, 3, 10, meta.created) == [(3, b"defg"), (7, b"hij")]
     finally:
