@@ -56,8 +56,8 @@ def endpoint(handler: Handler, route: str | Callable[[web.Request], str]) -> Han
     page), security headers, and the request metrics.
 
     One wrapper per route rather than aiohttp middlewares and an on_response_prepare
-    signal: each middleware layer costs every request a coroutine and a partial, and
-    the signal one more; together ~10-15% of an append's CPU (measured with wrk).
+    signal: each middleware layer costs every request a coroutine and a partial, the
+    signal one more coroutine, which shows at 10k appends/s (README, Performance).
     """
 
     async def guarded(request: web.Request) -> web.StreamResponse:

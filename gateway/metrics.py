@@ -43,7 +43,10 @@ SUBSCRIPTIONS = Gauge(
     "ds_pubsub_subscriptions", "Streams this gateway is subscribed to", multiprocess_mode="livesum"
 )
 REDIS_SECONDS = Histogram(
-    "ds_redis_call_duration_seconds", "Script calls to Redis", ["script"], buckets=_FAST
+    "ds_redis_call_duration_seconds",
+    "Script calls to Redis (and bulk reads, as read_bulk)",
+    ["script"],
+    buckets=_FAST,
 )
 REDIS_ERRORS = Counter("ds_redis_errors_total", "Failed script calls", ["script", "error"])
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import time
 import zlib
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -212,9 +213,13 @@ class Store:
         return await self._script(name, keys.stream_keys(sid), list(args))
 
     async def _script(self, name: str, script_keys: list[str], args: list[Any]) -> Any:
+        return await self._timed(name, self.scripts.call(name, script_keys, args))
+
+    async def _timed(self, name: str, call: Awaitable[Any]) -> Any:
+        """A Redis round trip, in the metrics by ``name`` (its script's, or 'read_bulk')."""
         started = time.perf_counter()
         try:
-            return await self.scripts.call(name, script_keys, args)
+            return await call
         except Exception as exc:
             metrics.REDIS_ERRORS.labels(name, type(exc).__name__).inc()
             raise
@@ -540,7 +545,7 @@ class Store:
             pipe.xrevrange(log_key, offsets.entry_id(pos), "-", count=1)  # the entry holding pos
             pipe.xrange(log_key, "(" + offsets.entry_id(pos), offsets.entry_id(end - 1))
             pipe.hget(meta_key, "created")
-            first, rest, now_created = await pipe.execute()
+            first, rest, now_created = await self._timed("read_bulk", pipe.execute())
         if created is not None and (now_created is None or _text(now_created) != created):
             return None
         out: list[tuple[int, bytes]] = []
