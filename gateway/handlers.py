@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from urllib.parse import unquote
 
 from aiohttp import web
@@ -27,6 +28,7 @@ from .jsonmode import body_entries
 from .store import CreateSpec
 
 _RESERVED = "__ds"  # the protocol's control namespace (subscriptions): not served
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def stream_name(path: str, max_length: int) -> str:
@@ -35,7 +37,7 @@ def stream_name(path: str, max_length: int) -> str:
         raise ProtocolError(404, "no stream named")
     if len(path.encode()) > max_length:
         raise bad_request(f"stream path longer than {max_length} bytes")
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in path):
+    if _CONTROL.search(path):
         raise bad_request("stream path contains control characters")
     if path.split("/", 1)[0] == _RESERVED:
         raise ProtocolError(404, "reserved path")

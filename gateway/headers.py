@@ -131,9 +131,9 @@ class Producer:
 
 
 def parse_producer(headers: Mapping[str, str]) -> Producer | None:
+    if PRODUCER_ID not in headers and PRODUCER_EPOCH not in headers and PRODUCER_SEQ not in headers:
+        return None  # most appends: checked first, cheaply
     values = [headers.get(name) for name in (PRODUCER_ID, PRODUCER_EPOCH, PRODUCER_SEQ)]
-    if all(v is None for v in values):
-        return None
     if any(v is None for v in values):
         raise bad_request("Producer-Id, Producer-Epoch and Producer-Seq go together")
     producer_id, epoch, seq = (v.strip() for v in values)  # type: ignore[union-attr]

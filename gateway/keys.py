@@ -1,9 +1,9 @@
 """Redis key names, in one place.
 
 A stream's keys share one hash tag, ``{<stream id>}``, so every script touches
-one cluster slot. The stream id is its path with ``%``, ``{`` and ``}``
-percent-encoded: readable in ``redis-cli``, reversible, and unable to close
-the hash tag early.
+one cluster slot (but a batched append, which may span streams: append.lua).
+The stream id is its path with ``%``, ``{`` and ``}`` percent-encoded:
+readable in ``redis-cli``, reversible, and unable to close the hash tag early.
 """
 
 from __future__ import annotations

@@ -192,6 +192,18 @@ class TestKeys:
         assert keys.channel_stream_id(keys.notify_channel(sid)) == sid
         assert keys.split_segments_key(keys.segments(sid, "abc123")) == (sid, "abc123")
 
+    def test_stream_paths_refuse_control_characters_only(self) -> None:
+        from gateway.handlers import stream_name
+
+        for good in ("a", "tenant/doc-1/é/日本", "x" * 100, "a b", "~!@$&*()"):
+            assert stream_name(good, 1024) == good
+        for bad in ("a\x00b", "a\nb", "tab\t", "del\x7f", "\x1f"):
+            with pytest.raises(ProtocolError) as info:
+                stream_name(bad, 1024)
+            assert info.value.status == 400, repr(bad)
+        with pytest.raises(ProtocolError):
+            stream_name("é" * 600, 1024)  # 1,200 bytes of UTF-8
+
 
 class TestSegments:
     ENTRIES = [(0, b"abc"), (3, b"defg"), (7, b"h"), (8, b"ijklmn")]
