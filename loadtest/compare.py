@@ -23,6 +23,8 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
+import redis
+
 from . import latency
 from .appends import SCENARIOS, run_appends, run_read
 from .servers import KINDS, Running, start, use_uvloop
@@ -102,9 +104,7 @@ class FsyncStalls:
         self.socket = Path(server.data_dir) / "redis.sock"
         self.longest_ms: int | None = None
 
-    def _redis(self):  # noqa: ANN202 - redis.Redis
-        import redis
-
+    def _redis(self) -> redis.Redis:
         return redis.Redis(unix_socket_path=str(self.socket))
 
     def __enter__(self) -> FsyncStalls:
