@@ -36,4 +36,4 @@ def connect(url: str, max_connections: int) -> aioredis.Redis:
     )
     # The URL picks the class (TCP, TLS or Unix socket); it gets the packer on top.
     pool.connection_class = _hiredis_packing(pool.connection_class)
-    return aioredis.Redis(connection_pool=pool)
+    return aioredis.Redis.from_pool(pool)  # owns the pool: closing the client closes its connections

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
+import redis.asyncio as aioredis
 from redis.asyncio.connection import Connection, UnixDomainSocketConnection
 
 from gateway import redis_client
@@ -33,6 +36,7 @@ async def test_client_round_trips_through_redis(redis_url: str, tmp_path) -> Non
         assert pool.max_connections == 4
         if redis_url.startswith("unix://"):
             assert issubclass(pool.connection_class, UnixDomainSocketConnection)
+        client_id = await client.client_id()
         value = bytes(range(256)) * 300
         await client.set("redis-client-test", value)
         assert await client.get("redis-client-test") == value
@@ -43,3 +47,13 @@ async def test_client_round_trips_through_redis(redis_url: str, tmp_path) -> Non
     finally:
         await client.delete("redis-client-test", "redis-client-n")
         await client.aclose()
+    # Closing the client closed the pool's connections (a gateway's shutdown leaves none open).
+    checker = aioredis.Redis.from_url(redis_url)
+    try:
+        for _ in range(50):
+            if not await checker.execute_command("CLIENT", "LIST", "ID", client_id):
+                break
+            await asyncio.sleep(0.02)
+        assert not await checker.execute_command("CLIENT", "LIST", "ID", client_id)
+    finally:
+        await checker.aclose()
