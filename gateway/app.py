@@ -14,29 +14,38 @@ from multidict import CIMultiDict
 
 from . import durability, handlers, metrics, redis_client
 from .archive import Archive, ColdReader
+from .bodies import BodyBudget
 from .config import Settings, from_env
 from .context import GATEWAY, Gateway
 from .errors import ProtocolError
 from .fanout import Fanout
+from .logs import QUIET_MALFORMED, RateLimited
 from .responses import SECURITY
 from .store import UNAVAILABLE, Store
 
 log = logging.getLogger(__name__)
+limited = RateLimited(log)
+CLEANUP_STEP_SECONDS = 5.0  # each shutdown step; none may hold a shutdown past its grace period
 HINTS_TASK = web.AppKey("hints_task", asyncio.Task)
+EMBEDDED_REDIS = web.AppKey("embedded_redis", str)  # the URL of the Redis this server runs itself
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def _error_response(exc: Exception) -> web.Response | None:
-    """ProtocolError → its status; Redis unreachable or refusing → 503; else None (a bug)."""
+def _error_response(request: web.Request, exc: Exception) -> web.Response:
+    """ProtocolError → its status (not logged: the client's mistake, or said to it);
+    Redis unreachable or refusing → 503; anything else is a bug → 500. Logged one line
+    per kind at most every few seconds, so a flood of bad requests is no flood of logs."""
     if isinstance(exc, ProtocolError):
         return web.Response(status=exc.status, text=exc.message + "\n", headers=exc.headers)
     if isinstance(exc, UNAVAILABLE):
-        log.warning("redis unavailable: %s", exc)
+        limited.log(logging.WARNING, "unavailable", "redis unavailable: %s", exc)
         return web.Response(status=503, text="storage unavailable, retry\n", headers={"Retry-After": "1"})
     if isinstance(exc, redis.exceptions.ResponseError):  # e.g. OOM at maxmemory: Redis refused the write
-        log.error("redis refused a command: %s", exc)
+        limited.log(logging.WARNING, "refused", "redis refused a command: %s", exc)
         return web.Response(status=503, text="storage refused the request\n", headers={"Retry-After": "5"})
-    return None
+    where = f"{type(exc).__name__}@{exc.__traceback__.tb_frame.f_code.co_name if exc.__traceback__ else ''}"
+    limited.log(logging.ERROR, where, "%s %s failed", request.method, request.path, exc_info=exc)
+    return web.Response(status=500, text="internal error\n")
 
 
 def _stream_route(request: web.Request) -> str:
@@ -66,10 +75,7 @@ def endpoint(handler: Handler, route: str | Callable[[web.Request], str]) -> Han
             try:
                 response = await handler(request)
             except Exception as exc:
-                answer = _error_response(exc)
-                if answer is None:
-                    raise
-                response = answer
+                response = _error_response(request, exc)
             status = response.status
             if not response.prepared:  # an event stream sent its own headers already
                 _secure(response.headers)
@@ -79,6 +85,7 @@ def endpoint(handler: Handler, route: str | Callable[[web.Request], str]) -> Han
             _secure(exc.headers)
             raise
         finally:
+            request.app[GATEWAY].bodies.release(request)
             name = route if isinstance(route, str) else route(request)
             metrics.observe_request(name, request.method, status, time.perf_counter() - started)
 
@@ -111,6 +118,20 @@ async def metrics_page(request: web.Request) -> web.Response:
 
 
 async def healthz(request: web.Request) -> web.Response:
+    """Liveness. With the embedded Redis (``durable-streams serve`` without --redis-url,
+    which restarts it when it dies) also that Redis: 503 while it is down, on a
+    connection of its own (not queued behind the pool). With an external Redis,
+    liveness does not depend on Redis (an outage must not restart every gateway):
+    /readyz reports it."""
+    url = request.app.get(EMBEDDED_REDIS)
+    if url:
+        client = aioredis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+        try:
+            await client.ping()
+        except Exception as exc:
+            return web.Response(status=503, text=f"embedded redis down: {exc}\n")
+        finally:
+            await client.aclose()
     return web.Response(text="ok\n")
 
 
@@ -138,12 +159,17 @@ async def app_from_env() -> web.Application:
     return create_app(settings, settings.redis_url)
 
 
-def create_app(settings: Settings, redis_url: str) -> web.Application:
-    """The gateway app for one process; it connects to ``redis_url`` on startup."""
-    app = web.Application(client_max_size=settings.max_body_bytes)
+def create_app(settings: Settings, redis_url: str, *, embedded: bool = False) -> web.Application:
+    """The gateway app for one process; it connects to ``redis_url`` on startup.
+    ``embedded``: that Redis is this server's own child, so /healthz checks it too."""
+    logging.getLogger("aiohttp.server").addFilter(QUIET_MALFORMED)  # once: the same filter object
+    # Bodies are inflated by gateway/bodies.py, within the size limit, not by aiohttp.
+    app = web.Application(client_max_size=settings.max_body_bytes, handler_args={"auto_decompress": False})
+    if embedded:
+        app[EMBEDDED_REDIS] = redis_url
 
     async def startup(app: web.Application) -> None:
-        client = redis_client.connect(redis_url, settings.redis_max_connections)
+        client = redis_client.connect(redis_url, settings.redis_max_connections, settings.redis_timeout)
         pubsub_client = aioredis.Redis.from_url(redis_url, decode_responses=False)
         cold = ColdReader(Archive(settings.archive_location), settings.archive_cache_bytes)
         store = Store(
@@ -154,7 +180,9 @@ def create_app(settings: Settings, redis_url: str) -> web.Application:
         await store.scripts.load()
         fanout = Fanout(pubsub_client)
         await fanout.start()
-        app[GATEWAY] = Gateway(settings=settings, store=store, fanout=fanout)
+        app[GATEWAY] = Gateway(
+            settings=settings, store=store, fanout=fanout, bodies=BodyBudget(settings.max_inflight_body_bytes)
+        )
         store.hints.enabled = settings.archive_hints
         app[HINTS_TASK] = asyncio.create_task(store.hints.run())
 
@@ -162,11 +190,18 @@ def create_app(settings: Settings, redis_url: str) -> web.Application:
         app[GATEWAY].fanout.stop_waiters()  # live responses end cleanly, in-flight writes finish
 
     async def cleanup(app: web.Application) -> None:
+        """Each step bounded: a Redis that does not answer must not hold the process."""
         gw = app[GATEWAY]
-        app[HINTS_TASK].cancel()
-        await asyncio.gather(app[HINTS_TASK], return_exceptions=True)
-        await gw.fanout.close()
-        await gw.store.redis.aclose()
+        gw.store.hints.stop()
+        for name, step in (
+            ("archive hints", app[HINTS_TASK]),
+            ("fan-out", gw.fanout.close()),
+            ("redis", gw.store.redis.aclose()),
+        ):
+            try:
+                await asyncio.wait_for(step, CLEANUP_STEP_SECONDS)
+            except Exception as exc:  # TimeoutError included: go on with the next step
+                log.warning("shutdown: %s did not close cleanly (%s)", name, exc or type(exc).__name__)
 
     app.on_startup.append(startup)
     app.on_shutdown.append(shutdown)

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import io
 import os
+import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -111,12 +113,19 @@ class Archive:
             return len(data)
         folder, name = os.path.split(path)
         os.makedirs(folder, exist_ok=True)
-        temp = os.path.join(folder, f".{name}.{os.getpid()}.tmp")  # Spark skips dot files
-        with open(temp, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temp, path)
+        # Unique per write, not per process: two pods (both PID 1) may write one name at once
+        # (a worker that lost its lease and its successor). Spark skips dot files.
+        temp = os.path.join(folder, f".{name}.{uuid.uuid4().hex}.tmp")
+        try:
+            with open(temp, "wb") as out:
+                out.write(data)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(temp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temp)
+            raise
         dir_fd = os.open(folder, os.O_RDONLY)
         try:
             os.fsync(dir_fd)  # the rename itself survives a crash

@@ -25,11 +25,13 @@ class Batcher(Generic[Item, Result]):
         max_items: int = 256,
         max_bytes: int = 8 << 20,
         size: Callable[[Item], int] = lambda item: 0,
+        count: Callable[[Item], int] = lambda item: 1,
     ) -> None:
         self._call = call
-        self._max_items = max_items
+        self._max_items = max_items  # counted by ``count`` (appends: their entries)
         self._max_bytes = max_bytes
         self._size = size
+        self._count = count
         self._waiting: dict[str, list[tuple[Item, asyncio.Future[Result]]]] = {}
         self._flushers: set[asyncio.Task[None]] = set()  # referenced until done
 
@@ -78,11 +80,12 @@ class Batcher(Generic[Item, Result]):
 
     def _take(self, key: str) -> list[tuple[Item, asyncio.Future[Result]]]:
         waiting = self._waiting.get(key, [])
-        taken, size = 0, 0
-        while taken < len(waiting) and taken < self._max_items:
+        taken, size, count = 0, 0, 0
+        while taken < len(waiting):
             size += self._size(waiting[taken][0])
-            if taken and size > self._max_bytes:
-                break
+            count += self._count(waiting[taken][0])
+            if taken and (size > self._max_bytes or count > self._max_items):
+                break  # the first item always goes, however large
             taken += 1
         batch, self._waiting[key] = waiting[:taken], waiting[taken:]
         return batch

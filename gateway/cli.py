@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import os
 import shutil
 import signal
@@ -14,7 +15,7 @@ import tempfile
 from aiohttp import web
 
 from . import __version__, config
-from .embedded import EmbeddedRedis
+from .embedded import EmbeddedRedis, Supervisor
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,21 +55,25 @@ def _install_uvloop() -> None:
 
 def serve(settings: config.Settings) -> None:
     log = logging.getLogger("durable_streams")
-    embedded = None
+    supervisor = None
     redis_url = settings.redis_url
     if not redis_url:
         embedded = EmbeddedRedis(settings.data_dir)
         embedded.start()
         redis_url = embedded.url
         log.info("embedded redis-server (%s) in %s", embedded.binary, embedded.data_dir)
+        # It restarts a dead Redis; when it gives up it stops this process (gracefully,
+        # as SIGTERM does, gunicorn's workers included), which then exits non-zero below.
+        supervisor = Supervisor(embedded, lambda _: os.kill(os.getpid(), signal.SIGTERM))
+        supervisor.start()
     try:
         if settings.workers > 1:
-            _run_gunicorn(settings, redis_url)
+            _run_gunicorn(settings, redis_url, embedded=supervisor is not None)
             return
         from .app import create_app
 
         _install_uvloop()
-        app = create_app(settings, redis_url)
+        app = create_app(settings, redis_url, embedded=supervisor is not None)
         web.run_app(
             app,
             host=settings.host,
@@ -77,10 +82,15 @@ def serve(settings: config.Settings) -> None:
                 "serving on http://%s:%s%s/", settings.host, settings.port, settings.prefix.rstrip("/")
             ),
             access_log=None,
+            shutdown_timeout=settings.shutdown_seconds,
         )
     finally:
-        if embedded is not None:
-            embedded.stop()
+        # gunicorn workers are forks that leave through here too: only the process
+        # that started Redis stops it (Supervisor.stop does nothing elsewhere).
+        if supervisor is not None and os.getpid() == supervisor.redis.owner:
+            supervisor.stop()
+            if supervisor.failure:
+                raise RuntimeError(supervisor.failure)
 
 
 def archive(settings: config.Settings) -> None:
@@ -107,7 +117,7 @@ def archive(settings: config.Settings) -> None:
     asyncio.run(main())
 
 
-def _run_gunicorn(settings: config.Settings, redis_url: str) -> None:
+def _run_gunicorn(settings: config.Settings, redis_url: str, embedded: bool = False) -> None:
     """N worker processes on one port, configured by ``gateway/gunicorn_conf.py``."""
     from gunicorn.app.base import BaseApplication
 
@@ -125,20 +135,22 @@ def _run_gunicorn(settings: config.Settings, redis_url: str) -> None:
             for name in ("worker_class", "graceful_timeout", "timeout", "keepalive", "accesslog",
                          "on_starting", "child_exit"):  # fmt: skip
                 self.cfg.set(name, getattr(gunicorn_conf, name))
+            self.cfg.set("graceful_timeout", math.ceil(settings.shutdown_seconds))  # gunicorn: whole seconds
             self.cfg.set("bind", f"{settings.host}:{settings.port}")
             self.cfg.set("workers", settings.workers)
             self.cfg.set("loglevel", settings.log_level)
 
         def load(self):  # workers are forked: the settings travel with them
             async def factory() -> web.Application:
-                return create_app(settings, redis_url)
+                return create_app(settings, redis_url, embedded=embedded)
 
             return factory
 
+    master = os.getpid()
     try:
         Gateway().run()
     finally:
-        if own_dir:
+        if own_dir and os.getpid() == master:  # not when a worker (a fork) leaves through here
             shutil.rmtree(own_dir, ignore_errors=True)
 
 

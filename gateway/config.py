@@ -24,6 +24,12 @@ class Settings:
     max_chunk_bytes: int = 4 * 1024 * 1024
     read_inline_bytes: int = 64 * 1024
     max_path_bytes: int = 1024
+    max_json_messages: int = 1000
+    max_inflight_body_bytes: int = 256 * 1024 * 1024
+    body_timeout: float = 60.0
+    write_timeout: float = 30.0
+    redis_timeout: float = 5.0
+    shutdown_seconds: float = 30.0
     long_poll_timeout: float = 20.0
     sse_cycle_seconds: float = 60.0
     sse_heartbeat_seconds: float = 15.0
@@ -80,6 +86,17 @@ HELP = {
     "read_inline_bytes": "reads of byte streams longer than this fetch their data with a plain XRANGE "
     "after the script instead of through Lua (one more round trip; a quarter of Redis' work)",
     "max_path_bytes": "longest stream path accepted",
+    "max_json_messages": "most JSON messages one request may append (a larger array gets 413): "
+    "each is one Redis entry, and the script that stores them runs alone on Redis",
+    "max_inflight_body_bytes": "request body bytes one process holds at once, across requests; "
+    "beyond it new bodies get 503 with Retry-After",
+    "body_timeout": "seconds a client may take to send a whole request body (then 408)",
+    "write_timeout": "seconds a live response (SSE) may wait for a client to take its data "
+    "before the connection is dropped",
+    "redis_timeout": "seconds to wait for a Redis reply; an append unanswered by then gets 504 "
+    "(outcome unknown: retry it only as an idempotent producer)",
+    "shutdown_seconds": "on SIGTERM, seconds in-flight requests get to finish before the process "
+    "exits (live responses end at once)",
     "long_poll_timeout": "seconds a long-poll waits for data before answering 204",
     "sse_cycle_seconds": "seconds after which an SSE response ends so clients reconnect (CDN collapsing)",
     "sse_heartbeat_seconds": "seconds between SSE comment lines on an idle connection",

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from .bodies import BodyBudget
 from .config import Settings
 from .fanout import Fanout
 from .store import Store
@@ -16,6 +17,7 @@ class Gateway:
     settings: Settings
     store: Store
     fanout: Fanout
+    bodies: BodyBudget
 
 
 GATEWAY = web.AppKey("gateway", Gateway)

@@ -14,6 +14,7 @@ Metrics: set ``PROMETHEUS_MULTIPROC_DIR`` to an empty, writable directory so
 ``/metrics`` on any worker reports all workers (see gateway/metrics.py).
 """
 
+import math
 import os
 
 _env = os.environ.get
@@ -22,7 +23,7 @@ workers = int(_env("DURABLE_STREAMS_WORKERS", "1"))
 worker_class = "aiohttp.GunicornUVLoopWebWorker"
 # On SIGTERM, live responses end at once (SSE with a final control event,
 # long-polls with their empty answer); in-flight writes get this long to finish.
-graceful_timeout = 30
+graceful_timeout = math.ceil(float(_env("DURABLE_STREAMS_SHUTDOWN_SECONDS", "30")))
 timeout = 60  # a worker silent this long is restarted
 keepalive = 75  # longer than common load-balancer idle timeouts
 accesslog = None

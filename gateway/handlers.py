@@ -8,6 +8,7 @@ from urllib.parse import unquote
 from aiohttp import web
 
 from . import caching, cursor, keys, live, metrics, offsets, responses
+from .bodies import read_body
 from .context import gateway_of
 from .errors import ProtocolError, bad_request
 from .headers import (
@@ -35,7 +36,11 @@ def stream_name(path: str, max_length: int) -> str:
     """Validate a stream path (the URL part after the prefix)."""
     if not path or path.strip("/") == "":
         raise ProtocolError(404, "no stream named")
-    if len(path.encode()) > max_length:
+    try:
+        size = len(path.encode())
+    except UnicodeEncodeError:  # undecodable bytes arrive as lone surrogates
+        raise bad_request("stream path is not valid UTF-8") from None
+    if size > max_length:
         raise bad_request(f"stream path longer than {max_length} bytes")
     if _CONTROL.search(path):
         raise bad_request("stream path contains control characters")
@@ -62,12 +67,34 @@ def _source_sid(request: web.Request, value: str) -> str:
 
 
 async def _body(request: web.Request) -> bytes:
-    return await request.read()  # aiohttp answers 413 past client_max_size
+    gw = gateway_of(request)
+    s = gw.settings
+    return await read_body(request, max_bytes=s.max_body_bytes, timeout=s.body_timeout, budget=gw.bodies)
+
+
+def _entries(request: web.Request, media: str, body: bytes, *, create: bool) -> list[bytes]:
+    """The log entries a body becomes; a JSON array of more messages than one script
+    may store in a few milliseconds is refused whole."""
+    entries = body_entries(media, body, create=create)
+    limit = gateway_of(request).settings.max_json_messages
+    if len(entries) > limit:
+        raise ProtocolError(413, f"more than {limit} JSON messages in one request")
+    return entries
+
+
+def _location(request: web.Request) -> str:
+    """The created stream's URL, checked before anything is stored: a Host header
+    that makes no URL (``example.com:99999``) is a bad request, not a failed write."""
+    try:
+        return str(request.url.with_query(None))
+    except ValueError:
+        raise bad_request("the Host header does not make a valid URL") from None
 
 
 async def put_stream(request: web.Request) -> web.Response:
     gw = gateway_of(request)
     sid = _sid(request)
+    location = _location(request)
     h = request.headers
     expiry = parse_expiry(h)
     fork_from, fork_offset, sub = (
@@ -93,7 +120,7 @@ async def put_stream(request: web.Request) -> web.Response:
     if body and source is not None and content_type is None:
         # A fork's body is framed by the content type it inherits (looked up only when needed).
         media = (await gw.store.head(source)).media_type
-    entries = body_entries(media, body, create=True)
+    entries = _entries(request, media, body, create=True)
     spec = CreateSpec(
         content_type=content_type,
         expiry=expiry,
@@ -106,7 +133,7 @@ async def put_stream(request: web.Request) -> web.Response:
     created, meta = await gw.store.create(sid, spec)
     headers = responses.stream_state(meta)
     if created:
-        headers["Location"] = str(request.url.with_query(None))
+        headers["Location"] = location
     return web.Response(status=201 if created else 200, headers=headers)
 
 
@@ -125,7 +152,7 @@ async def post_stream(request: web.Request) -> web.Response:
         if not raw_type or not raw_type.strip():
             raise bad_request("Content-Type is required with a body")
         media = validate_content_type(raw_type)
-        entries = body_entries(media, body, create=False)
+        entries = _entries(request, media, body, create=False)
     elif not close:
         raise bad_request("empty body: send data, or Stream-Closed: true to close")
     result = await gw.store.append(sid, media, entries, close=close, stream_seq=stream_seq, producer=producer)

@@ -36,15 +36,30 @@ JSON_CONTENT_TYPE = "application/json"
 MAX_SAFE_INTEGER = 2**53 - 1  # producer numbers stay exact in JavaScript
 
 _DECIMAL = re.compile(r"\A(0|[1-9][0-9]*)\Z")
-_RFC3339 = re.compile(
-    r"\A(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(\.\d+)?([Zz]|[+-]\d{2}:\d{2})\Z"
+_RFC3339 = re.compile(  # ASCII digits only: \d would take any script's digits
+    r"\A([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt ]([0-9]{2}):([0-9]{2}):([0-9]{2})(\.[0-9]+)?"
+    r"([Zz]|[+-][0-9]{2}:[0-9]{2})\Z"
 )
 _TOKEN_CHARS = re.compile(r"\A[!#$%&'*+.^_`|~0-9A-Za-z-]+\Z")
+_VISIBLE_ASCII = re.compile(r"\A[\t\x20-\x7e]*\Z")  # what a Content-Type may hold, parameters too
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def is_true(value: str | None) -> bool:
     """Stream-Closed and friends: only ``true`` (any case) counts; anything else is absent."""
     return value is not None and value.strip().lower() == "true"
+
+
+def text_value(value: str, name: str) -> str:
+    """A header value stored as text: valid UTF-8 (aiohttp hands undecodable bytes
+    over as lone surrogates, which Redis could not encode) and no control characters."""
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        raise bad_request(f"{name} is not valid UTF-8") from None
+    if _CONTROL.search(value):
+        raise bad_request(f"{name} contains control characters")
+    return value
 
 
 def parse_decimal(value: str, name: str, maximum: int | None = None) -> int:
@@ -66,11 +81,11 @@ def parse_expires_at(value: str) -> int:
     fraction, zone = match.group(7), match.group(8)
     try:
         moment = datetime(year, month, day, hour, minute, min(second, 59), tzinfo=UTC)
-    except ValueError as exc:
+        if zone not in ("Z", "z"):
+            sign = 1 if zone[0] == "+" else -1
+            moment -= sign * timedelta(hours=int(zone[1:3]), minutes=int(zone[4:6]))
+    except (ValueError, OverflowError) as exc:  # e.g. 0001-01-01T00:00:00+01:00 is before year 1
         raise bad_request(f"Stream-Expires-At is not a valid date: {exc}") from None
-    if zone not in ("Z", "z"):
-        sign = 1 if zone[0] == "+" else -1
-        moment -= sign * timedelta(hours=int(zone[1:3]), minutes=int(zone[4:6]))
     millis = int(moment.timestamp() * 1000) + (second - min(second, 59)) * 1000
     if fraction:
         millis += int((fraction[1:] + "000")[:3])
@@ -86,7 +101,9 @@ def normalize_content_type(value: str | None) -> str:
 
 @functools.lru_cache(maxsize=1024)  # every append parses one; clients send few distinct values
 def validate_content_type(value: str) -> str:
-    """A usable ``type/subtype`` or 400."""
+    """A usable ``type/subtype`` (parameters in visible ASCII) or 400."""
+    if not _VISIBLE_ASCII.match(value):
+        raise bad_request("Content-Type must be visible ASCII")
     media = normalize_content_type(value)
     kind, _, sub = media.partition("/")
     if not (_TOKEN_CHARS.match(kind or "") and _TOKEN_CHARS.match(sub or "")):
@@ -137,6 +154,7 @@ def parse_producer(headers: Mapping[str, str]) -> Producer | None:
     if any(v is None for v in values):
         raise bad_request("Producer-Id, Producer-Epoch and Producer-Seq go together")
     producer_id, epoch, seq = (v.strip() for v in values)  # type: ignore[union-attr]
+    text_value(producer_id, PRODUCER_ID)
     if not producer_id:
         raise bad_request("Producer-Id must not be empty")
     return Producer(
@@ -152,4 +170,4 @@ def parse_stream_seq(headers: Mapping[str, str]) -> str | None:
         return None
     if not value.strip():
         raise bad_request("Stream-Seq must not be empty")
-    return value.strip()
+    return text_value(value.strip(), STREAM_SEQ)

@@ -26,7 +26,9 @@ def stream_keys(sid: str) -> list[str]:
 
 
 def lease(sid: str) -> str:
-    """Held by the archive worker working on the stream (a redis-py Lock)."""
+    """Held by the archive worker working on the stream: a string holding the
+    worker's token, with an expiry the worker keeps renewing. Every archive
+    script gets it in KEYS and refuses to act for any other token (fencing)."""
     return f"{PREFIX}:{{{sid}}}:lease"
 
 
@@ -34,23 +36,33 @@ def segments(sid: str, incarnation: str) -> str:
     """An incarnation's archived segments (sorted set; see gateway/segments.py).
 
     Named by incarnation and never expiring, so the files of a deleted or
-    expired stream stay findable until the worker removes them, and a new
-    stream at the same path starts with none.
+    expired stream stay findable (through ``ARCHIVE_SEGSETS``) until the worker
+    removes them, and a new stream at the same path starts with none.
     """
     return f"{PREFIX}:{{{sid}}}:segs:{incarnation}"
 
 
-SEGMENTS_PATTERN = f"{PREFIX}:*:segs:*"
+# Only meta hashes match: what follows a stream's "}" is always ours, and ids hold no "}".
 META_PATTERN = f"{PREFIX}:*:meta"
+# Every segment set's key name, added before the set is first written: the
+# worker finds the archives of deleted streams here, not by matching key names
+# (paths are the users' and may hold ":segs:"). Not in any stream's slot.
+ARCHIVE_SEGSETS = f"{PREFIX}:archive:segsets"
 # Streams with data to archive: score = when to look (ms). Gateways add
 # streams they appended to (NX, about once a second); workers take them.
 ARCHIVE_HINTS = f"{PREFIX}:archive:hints"
+# Set by every running archive worker (with an expiry it keeps renewing): gateways
+# send hints only while it exists, so hints never pile up with no worker to take them.
+ARCHIVE_WORKER_ALIVE = f"{PREFIX}:archive:alive"
 ARCHIVE_RECONCILE = f"{PREFIX}:archive:reconcile"  # who scans for lost hints and dead archives, when
 
 
 def split_segments_key(key: str) -> tuple[str, str]:
-    """(stream id, incarnation) of a segments key."""
-    return key_stream_id(key), key[key.rindex("}") + len(":segs:") + 1 :]
+    """(stream id, incarnation) of a segments key; ValueError for any other name."""
+    sid, inc = key_stream_id(key), key[key.rindex("}") + len(":segs:") + 1 :]
+    if not inc or segments(sid, inc) != key:
+        raise ValueError(f"not a segments key: {key!r}")
+    return sid, inc
 
 
 def key_stream_id(key: str) -> str:

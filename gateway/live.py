@@ -17,10 +17,11 @@ from .fanout import Watch
 from .headers import STREAM_SSE_DATA_ENCODING, is_text
 from .jsonmode import to_array
 from .notices import Delivery
-from .sse import comment, control_event, events
+from .sse import comment, control_event, cut_character, events
 from .store import UNAVAILABLE, Chunk
 
 _RETRY_SECONDS = 0.25
+_STOPPING_WRITE_SECONDS = 1.0
 _SINK_BUFFER_LIMIT = 256 * 1024  # a client this far behind is served by its own task
 
 
@@ -53,6 +54,23 @@ class _SseSink:
 
     def write(self, frame: bytes) -> None:
         self._transport.write(frame)
+
+
+class _Stalled(Exception):
+    """A live client took no data for --write-timeout seconds."""
+
+
+def _whole_characters(chunk: Chunk, text: bool) -> Chunk:
+    """A text stream's chunk that a read cut short ends on a character boundary
+    (the bytes held back come first in the next event). A chunk that ends at the
+    tail is left as the writers left it."""
+    if not text or chunk.meta.is_json or not chunk.entries or chunk.up_to_date:
+        return chunk
+    pos, data = chunk.entries[-1]
+    cut = cut_character(data)
+    if not cut or cut >= len(data):
+        return chunk
+    return Chunk(chunk.meta, chunk.start, [*chunk.entries[:-1], (pos, data[:-cut])])
 
 
 async def _after(gw: Gateway, sid: str, watch: Watch, chunk: Chunk) -> Chunk:
@@ -121,6 +139,7 @@ async def sse(
     """
     chunk = await gw.store.read_shared(sid, start, time.monotonic())  # 404 and friends first
     text = is_text(chunk.meta.content_type)
+    chunk = _whole_characters(chunk, text)
     headers = {
         **responses.SECURITY,  # sent before the handler returns: endpoint() can't add them later
         "Content-Type": "text/event-stream",
@@ -146,6 +165,18 @@ async def sse(
             offsets.encode(chunk.end), cursor=cursor, up_to_date=chunk.up_to_date, closed=chunk.eof
         )
 
+    def write_timeout() -> float:  # shutting down: a last event gets a second, not the full timeout
+        return _STOPPING_WRITE_SECONDS if gw.fanout.stopping else settings.write_timeout
+
+    async def write(data: bytes) -> None:
+        """A client that takes nothing for --write-timeout seconds is dropped: it must
+        not hold a connection, memory, or a graceful shutdown."""
+        try:
+            async with asyncio.timeout(write_timeout()):
+                await response.write(data)
+        except TimeoutError:
+            raise _Stalled from None
+
     async def send(chunk: Chunk) -> None:
         key = ("sse", text, cursor)  # encoded once, however many readers this chunk reaches
         frames = chunk.cache.get(key)
@@ -155,7 +186,7 @@ async def sse(
                 body, offsets.encode(chunk.end), text=text, cursor=cursor, up_to_date=chunk.up_to_date,
                 closed=chunk.eof,
             )  # fmt: skip
-        await response.write(frames)
+        await write(frames)
 
     try:
         async with gw.fanout.watch(sid) as watch:
@@ -173,10 +204,10 @@ async def sse(
                         break
                     if not woke:
                         if not watch.stopping and loop.time() < deadline:
-                            await response.write(comment())
+                            await write(comment())
                         continue
                 try:
-                    chunk = await _after(gw, sid, watch, chunk)
+                    chunk = _whole_characters(await _after(gw, sid, watch, chunk), text)
                 except UNAVAILABLE:
                     unread = True
                     await asyncio.sleep(_RETRY_SECONDS)
@@ -185,11 +216,15 @@ async def sse(
                 if chunk.entries or chunk.eof:
                     await send(chunk)
             if not chunk.eof:  # cycle over or shutting down: say where to resume
-                await response.write(control(chunk))
+                await write(control(chunk))
     except ProtocolError:
         pass  # deleted or expired mid-stream: end the event stream
+    except _Stalled:
+        transport.abort()  # drop what it never took
+        return response
     except (ConnectionResetError, asyncio.CancelledError):
         return response  # the client left
-    with contextlib.suppress(ConnectionResetError):
-        await response.write_eof()
+    with contextlib.suppress(ConnectionResetError, TimeoutError):
+        async with asyncio.timeout(write_timeout()):
+            await response.write_eof()
     return response

@@ -21,7 +21,9 @@ NAMES = (
     "delete",
     "fork_ref",
     "release_fork",
-    # the archive worker's
+    # the archive worker's (KEYS: the stream's five and its lease; fenced by the lease)
+    "archive_lease",
+    "archive_named",
     "archive_stage",
     "archive_commit",
     "archive_forget",

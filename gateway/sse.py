@@ -10,6 +10,21 @@ import orjson
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 
 
+_LEADS = ((2, (0xE0, 0xC0)), (3, (0xF0, 0xE0)), (4, (0xF8, 0xF0)))  # (length, (mask, lead bits))
+
+
+def cut_character(data: bytes) -> int:
+    """How many bytes at the end of ``data`` begin a UTF-8 character that is cut
+    off (0-3): a read cut by its size limit holds them back for the next event,
+    so no character is split into two replacement characters."""
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        if byte & 0xC0 != 0x80:  # a lead (or ASCII) byte: how long is its character?
+            length = next((n for n, (mask, lead) in _LEADS if byte & mask == lead), 1)
+            return back if length > back else 0
+    return 0
+
+
 def data_event(payload: bytes, *, text: bool) -> bytes:
     """An ``event: data`` frame; binary payloads are base64 text.
 

@@ -9,6 +9,7 @@ step say why an interruption between steps is harmless.
 from __future__ import annotations
 
 import json
+import logging
 import time
 import zlib
 from collections.abc import Awaitable
@@ -37,10 +38,12 @@ from .headers import (
 )
 from .hints import Hints
 from .jsonmode import to_array
+from .redis_client import NotSent
 from .scripts import Scripts
 from .segments import Segment as ArchivedSegment
 from .singleflight import SingleFlight
 
+log = logging.getLogger(__name__)
 # Errors that mean "Redis is not reachable right now" (as opposed to a bad request).
 UNAVAILABLE = (
     redis.exceptions.ConnectionError,
@@ -49,6 +52,17 @@ UNAVAILABLE = (
 )
 _UNLIMITED = 2**50
 APPEND_LANES = 4  # concurrent append round trips per process
+# Bounds on what one request makes Redis do (README, "Every request is bounded"):
+# one script call copies at most this many log entries (~5 µs each in Lua) ...
+MAX_SCRIPT_ENTRIES = 1000
+# ... one read response (a plain XRANGE, for bulk reads) at most this many ...
+MAX_READ_ENTRIES = 16384
+# ... a batch of appends adds at most this many (one large append still goes alone) ...
+MAX_BATCH_ENTRIES = 512
+# ... a fork's sub-offset counts at most this many JSON messages, and a fork
+# reads through at most this many ancestors (one round trip each).
+MAX_FORK_SUB_MESSAGES = 65536
+MAX_FORK_DEPTH = 64
 Segment = tuple[str, int, int]  # (stream id, from position, to position), to exclusive
 
 
@@ -163,6 +177,35 @@ class _Append:
         return [*head, len(self.entries), *self.entries]
 
 
+def _encoded(args: list[Any]) -> list[bytes]:
+    """Script arguments as the bytes Redis gets, encoded before the append joins a
+    batch: an argument that cannot be encoded fails its own request (400), never
+    the batch it would have shared with other streams' appends."""
+    out: list[bytes] = []
+    for arg in args:
+        if isinstance(arg, bytes):
+            out.append(arg)
+        elif isinstance(arg, int):
+            out.append(b"%d" % arg)
+        else:
+            try:
+                out.append(arg.encode())
+            except UnicodeEncodeError:
+                raise bad_request("a header value is not valid UTF-8") from None
+    return out
+
+
+def outcome_unknown() -> ProtocolError:
+    """An append sent to Redis whose answer never came (timeout, connection lost):
+    it may or may not be stored. Not 503 + Retry-After: a blind retry could store
+    it twice. An idempotent producer's retry is safe (the duplicate is recognized)."""
+    return ProtocolError(
+        504,
+        "outcome unknown: storage did not confirm this append, which may or may not be stored; "
+        "retry only with idempotent producer headers (Producer-Id/Epoch/Seq), which make retries safe",
+    )
+
+
 @dataclass(frozen=True)
 class AppendResult:
     status: str  # ok | dup
@@ -200,8 +243,11 @@ class Store:
         self.read_inline_bytes = read_inline_bytes
         self.cold = cold
         self.hints = Hints(redis)
-        self._appends: Batcher[tuple[str, _Append], Any] = Batcher(
-            self._append_batch, size=lambda item: sum(map(len, item[1].entries))
+        self._appends: Batcher[tuple[str, _Append, list[bytes]], Any] = Batcher(
+            self._append_batch,
+            max_items=MAX_BATCH_ENTRIES,
+            size=lambda item: sum(map(len, item[1].entries)),
+            count=lambda item: max(1, len(item[1].entries)),
         )
         self.scripts = Scripts(redis)
         self.max_chunk_bytes = max_chunk_bytes
@@ -303,6 +349,8 @@ class Store:
         # cut at the fork point, then the source's own log up to it.
         own: Segment = (source.sid, source.base, point)
         chain = [(s, lo, min(hi, point)) for s, lo, hi in (*source.chain, own) if lo < min(hi, point)]
+        if len(chain) > MAX_FORK_DEPTH:  # a read walks the chain one round trip per ancestor
+            raise bad_request(f"a fork may read through at most {MAX_FORK_DEPTH} ancestors")
         expiry = spec.expiry
         if expiry == Expiry():  # nothing asked: inherit the source's lifetime
             expiry = Expiry(
@@ -327,12 +375,19 @@ class Store:
         JSON messages may not run past the source's tail.
         """
         segments = (*source.chain, (source.sid, source.base, source.tail))
-        if source.is_json:
-            entries = await self._read_segments(segments, anchor, _UNLIMITED, True, sub)
-            if len(entries) < sub or entries[0][0] != anchor:
-                raise bad_request("Stream-Fork-Sub-Offset overshoots the source's messages")
-            pos, data = entries[-1]
-            return pos + len(data)
+        if source.is_json:  # counted a page of bounded reads at a time, up to a bound
+            if sub > MAX_FORK_SUB_MESSAGES:
+                raise bad_request(f"Stream-Fork-Sub-Offset counts at most {MAX_FORK_SUB_MESSAGES} messages")
+            pos, left = anchor, sub
+            while left:
+                page = await self._read_segments(
+                    segments, pos, self.max_chunk_bytes, True, min(left, MAX_SCRIPT_ENTRIES)
+                )
+                if not page or page[0][0] != pos:
+                    raise bad_request("Stream-Fork-Sub-Offset overshoots the source's messages")
+                pos, left = page[-1][0] + len(page[-1][1]), left - len(page)
+            return pos
+        # One entry, the append holding the anchor, read no further than ``sub`` bytes.
         entries = await self._read_segments(segments, anchor, sub, False, 1)
         if not entries or len(entries[0][1]) < sub:
             raise bad_request("Stream-Fork-Sub-Offset overshoots the data at the fork offset")
@@ -366,10 +421,16 @@ class Store:
     ) -> AppendResult:
         """POST. Concurrent appends to one stream go to Redis together (see batching.py)."""
         request = _Append(media_type if entries else "", close, stream_seq or "", producer, entries)
+        args = _encoded(request.script_args())
         # Appends wait in one of a few lanes (a stream always in the same one): whatever
         # arrives while a lane's Redis round trip runs goes in its next one.
         lane = str(zlib.crc32(sid.encode()) % APPEND_LANES)
-        result = await self._appends.submit(lane, (sid, request))
+        try:
+            result = await self._appends.submit(lane, (sid, request, args))
+        except (NotSent, redis.exceptions.BusyLoadingError):
+            raise  # nothing was applied: 503, retry
+        except UNAVAILABLE as exc:  # sent, unanswered: applied or not, nobody knows
+            raise outcome_unknown() from exc
         status = _text(result[0])
         if status in ("ok", "dup"):
             return AppendResult(
@@ -381,7 +442,7 @@ class Store:
             )
         raise _append_error(status, result)
 
-    async def _append_batch(self, lane: str, batch: list[tuple[str, _Append]]) -> list[Any]:
+    async def _append_batch(self, lane: str, batch: list[tuple[str, _Append, list[bytes]]]) -> list[Any]:
         """One append.lua call for a whole batch: each stream's keys in turn, its appends
         in arrival order. Returns each append's result, in batch order.
 
@@ -390,7 +451,7 @@ class Store:
         the one script either runs whole or, refused before its first write (OOM), not
         at all: no batch is half applied."""
         by_stream: dict[str, list[int]] = {}
-        for index, (sid, _) in enumerate(batch):
+        for index, (sid, _, _) in enumerate(batch):
             by_stream.setdefault(sid, []).append(index)
         script_keys: list[str] = []
         args: list[Any] = [self.notice_payload_bytes]
@@ -399,14 +460,14 @@ class Store:
             script_keys += keys.stream_keys(sid)
             args.append(len(indexes))
             for i in indexes:
-                args += batch[i][1].script_args()
+                args += batch[i][2]
             order += indexes
         replies = await self._script("append", script_keys, args)
         results: list[Any] = [None] * len(batch)
         appended, appended_bytes = 0, 0
         for i, reply in zip(order, replies, strict=True):
             results[i] = reply
-            sid, item = batch[i]
+            sid, item, _ = batch[i]
             if item.entries and _text(reply[0]) == "ok":
                 self.hints.mark(sid)
                 appended += 1
@@ -422,6 +483,7 @@ class Store:
         if status in ("missing", "gone"):
             raise _not_found(status)
         if status == "deleted":
+            await self.hints.forget(sid)
             await self._release(sid, _text(result[1]))
 
     # -- reads --------------------------------------------------------------
@@ -452,7 +514,7 @@ class Store:
             raise _dropped()
         entries: list[tuple[int, bytes]] = []
         if start < meta.base:
-            entries = await self._read_segments(meta.chain, start, budget, meta.is_json, _UNLIMITED)
+            entries = await self._read_segments(meta.chain, start, budget, meta.is_json, MAX_READ_ENTRIES)
             reached = entries[-1][0] + len(entries[-1][1]) if entries else start
             budget -= sum(len(d) for _, d in entries)
             if reached < meta.base or budget <= 0:
@@ -460,7 +522,8 @@ class Store:
             found = None
         own = max(start, meta.base)
         entries += await self._range(
-            sid, own, meta.tail, budget, meta.is_json, _UNLIMITED, found, created=meta.created
+            sid, own, meta.tail, budget, meta.is_json, MAX_READ_ENTRIES - len(entries), found,
+            created=meta.created,
         )
         return Chunk(meta, start, entries)
 
@@ -471,7 +534,9 @@ class Store:
 
     async def _read(self, sid: str, start: int, *, refresh: bool, budget: int = 0) -> tuple[Meta, Any]:
         """The stream's meta and what read.lua found at ``start`` (see ``_range``)."""
-        result = await self._call("read", sid, start, budget, "1" if refresh else "0", self.read_inline_bytes)
+        result = await self._call(
+            "read", sid, start, budget, "1" if refresh else "0", self.read_inline_bytes, MAX_SCRIPT_ENTRIES
+        )
         status = _text(result[0])
         if status != "ok":
             raise _not_found(status)
@@ -501,12 +566,13 @@ class Store:
         while pos < hi and budget > 0 and max_entries > 0:
             if found is None:
                 found = await self._call(
-                    "read_range", sid, pos, hi, budget, "1" if whole else "0", max_entries, inline
-                )
+                    "read_range", sid, pos, hi, budget, "1" if whole else "0",
+                    min(max_entries, MAX_SCRIPT_ENTRIES), inline,
+                )  # fmt: skip
             hot, member, bulk = _pairs(found[0]), _text(found[1]), len(found) > 2
             found = None
             if bulk:
-                got = await self._bulk(sid, pos, min(hi, pos + budget), created)
+                got = await self._bulk(sid, pos, min(hi, pos + budget), created, max_entries)
                 if got is None:  # the log changed since the script looked: ask it again, inline
                     inline = _UNLIMITED
                     continue
@@ -536,21 +602,26 @@ class Store:
         return out
 
     async def _bulk(
-        self, sid: str, pos: int, end: int, created: str | None
+        self, sid: str, pos: int, end: int, created: str | None, max_entries: int = MAX_READ_ENTRIES
     ) -> list[tuple[int, bytes]] | None:
-        """[pos, end) of a byte stream's log, fetched with plain XRANGE (read_from's
-        'bulk' answer), or None when the log no longer holds all of it (archived or
-        deleted since the script looked) or the stream is not the one it saw.
+        """[pos, end) of a byte stream's log, at most ``max_entries`` (and
+        MAX_READ_ENTRIES) entries of it, fetched with plain XRANGE (read_from's 'bulk'
+        answer); or None when the log no longer holds it (archived or deleted since
+        the script looked) or the stream is not the one it saw.
 
         Data below the tail never changes, so what the script decided still holds
         if the entries are there; one MULTI reads them with the stream's identity.
         """
         meta_key, log_key = keys.stream_keys(sid)[:2]
+        count = min(max_entries, MAX_READ_ENTRIES)
         async with self._raw.pipeline(transaction=True) as pipe:
             pipe.xrevrange(log_key, offsets.entry_id(pos), "-", count=1)  # the entry holding pos
-            pipe.xrange(log_key, "(" + offsets.entry_id(pos), offsets.entry_id(end - 1))
+            if count > 1:
+                pipe.xrange(log_key, "(" + offsets.entry_id(pos), offsets.entry_id(end - 1), count=count - 1)
             pipe.hget(meta_key, "created")
-            first, rest, now_created = await self._timed("read_bulk", pipe.execute())
+            replies = await self._timed("read_bulk", pipe.execute())
+        first, now_created = replies[0], replies[-1]
+        rest = replies[1] if count > 1 else []
         if created is not None and (now_created is None or _text(now_created) != created):
             return None
         out: list[tuple[int, bytes]] = []
@@ -562,7 +633,8 @@ class Store:
                 return None  # a gap: trimmed or replaced meanwhile
             out.append((at, data[at - start : end - start]))
             at = start + len(data)
-        return out if out and at >= end else None
+        capped = len(out) == count  # stopped by the entry bound: a shorter read, not a gap
+        return out if out and (at >= end or capped) else None
 
     async def _read_segments(
         self, segments: Any, start: int, budget: int, whole: bool, max_entries: int
@@ -585,6 +657,14 @@ class Store:
 
 
 def _append_error(status: str, result: list[Any]) -> ProtocolError:
+    if status == "error":  # append.lua caught a failure of this append alone
+        written, message = _text(result[1]), _text(result[2])
+        if written == "none" and "OOM" in message:
+            return ProtocolError(503, "storage is full: the append was not stored", {"Retry-After": "5"})
+        log.error("append failed in Redis (%s written): %s", written, message)
+        if written == "none":
+            return ProtocolError(500, "internal error: the append was not stored")
+        return ProtocolError(500, "internal error: the append may be partly stored")
     if status == "closed":
         return ProtocolError(
             409,

@@ -4,6 +4,9 @@
 -- append.lua gets them for several streams and binds each in turn):
 --   KEYS[1] meta (hash)   KEYS[2] log (stream)   KEYS[3] producers (hash)
 --   KEYS[4] forks (set)   KEYS[5] notify channel (a name, never stored)
+-- archive_*.lua also get KEYS[6], the stream's archive lease (a string: the
+-- holding worker's token) and the caller's token as ARGV[1]; all but the
+-- read-only archive_named refuse to act unless the two match (fencing).
 -- Archived data lives in Parquet; its segment list is the sorted set
 -- segs_key(inc) (see gateway/archive.py): score = first position, member =
 -- "<from> <to> <first ms> <last ms> <file>"; score -1 marks a file being
@@ -38,8 +41,10 @@ local function flat(m)
 end
 
 -- The segment set is left behind when a stream goes: the archive worker
--- finds it, removes its files, then the key (gateway/archive.py).
-local function drop() redis.call('DEL', META, LOG, PROD, FORKS) end
+-- finds it (index ds:archive:segsets), removes its files, then the key
+-- (workers/archiver.py).
+-- UNLINK: a long log is freed in the background, not inside this script.
+local function drop() redis.call('UNLINK', META, LOG, PROD, FORKS) end
 
 local function segs_key(inc) return string.sub(META, 1, #META - 4) .. 'segs:' .. inc end
 

@@ -13,6 +13,10 @@
 -- Publishes one notice per changed stream on its notify channel:
 --   "<old tail> <new tail> <closed 0|1>", plus for small appends
 --   " <len>,<len>,...\n<data><data>..." (gateway/notices.py).
+-- Each append runs under pcall: an error in one (a corrupt key, OOM at its
+-- first write) is that append's result alone; the batch goes on. Checks come
+-- before writes, so a failed append has written nothing unless the error hit
+-- between its writes (reported as 'partial').
 -- Returns one result per append, in ARGV order:
 --   {'ok', tail, closed}            appended / closed
 --   {'dup', tail, closed, epoch, seq} producer retry, already applied
@@ -20,25 +24,49 @@
 --   {'ct_mismatch'} {'seq_regress'} {'bad_epoch_seq'}
 --   {'stale_epoch', epoch}  {'seq_gap', expected, received}
 --   {'missing'} {'gone'}
+--   {'error', 'none' | 'partial', message}  failed; 'none': nothing written
 local now = now_ms()
 local results = {}
+
+local function error_text(e)
+  if type(e) == 'table' then return tostring(e.err or e.msg or '?') end
+  return tostring(e)
+end
+
+-- After a stream's appends: move its deadline and publish what changed.
+local function finish_stream(m, old_tail, was_closed, appended)
+  touch(m, now, 0)
+  if m.exp and not m.ttl then apply_expiry(m) end  -- a new log key needs the deadline too
+  if m.tail ~= old_tail or m.closed ~= was_closed then
+    local notice = old_tail .. ' ' .. m.tail .. (m.closed and ' 1' or ' 0')
+    if #appended > 0 and tonumber(m.tail) - tonumber(old_tail) <= tonumber(ARGV[1]) then
+      local sizes, datas = {}, {}
+      for k, index in ipairs(appended) do sizes[k] = #ARGV[index]; datas[k] = ARGV[index] end
+      notice = notice .. ' ' .. table.concat(sizes, ',') .. '\n' .. table.concat(datas)
+    end
+    redis.call('PUBLISH', CHANNEL, notice)
+  end
+end
 
 -- The appends of the stream whose keys are bound now; `i` indexes its count in ARGV.
 -- Returns the ARGV index after its last append.
 local function append_stream(i)
   local count = tonumber(ARGV[i])
-  local m = load_meta()
-  local status = resolve(m, now)
+  local ok, m = pcall(load_meta)
+  local status = m
+  if ok then ok, status = pcall(resolve, m, now) end
   if status ~= 'ok' then  -- every append of the stream learns of it; skip its arguments
+    local result = ok and {status} or {'error', 'none', error_text(status)}
     i = i + 1
     for _ = 1, count do
-      results[#results + 1] = {status}
+      results[#results + 1] = result
       i = i + 7 + tonumber(ARGV[i + 6])
     end
     return i
   end
   local old_tail, was_closed, changed = m.tail, m.closed, false
   local appended = {}  -- ARGV indices of the entries appended, for the notice
+  local writing = false  -- set before an append's first write: an error after it is 'partial'
 
   local function append_one(ctn, close, sseq, pid, ep, sq, first, last)
     local has_data = last >= first
@@ -69,6 +97,7 @@ local function append_stream(i)
     end
     if sseq ~= '' and m.seq and not bytes_less(m.seq, sseq) then return {'seq_regress'} end
 
+    writing = true
     m.tail = fmt(add_entries(m, first, last, now, tuple and (ep .. ' ' .. sq .. ' ' .. pid)))
     for i = first, last do appended[#appended + 1] = i end
     local fields = {'tail', m.tail}
@@ -87,23 +116,19 @@ local function append_stream(i)
   for _ = 1, count do
     local first = i + 7
     local last = first + tonumber(ARGV[i + 6]) - 1
-    results[#results + 1] = append_one(ARGV[i], ARGV[i + 1] == '1', ARGV[i + 2], ARGV[i + 3], ARGV[i + 4],
+    writing = false
+    local ok, result = pcall(append_one, ARGV[i], ARGV[i + 1] == '1', ARGV[i + 2], ARGV[i + 3], ARGV[i + 4],
       ARGV[i + 5], first, last)
+    if not ok then
+      result = {'error', writing and 'partial' or 'none', error_text(result)}
+      redis.log(redis.LOG_WARNING, 'append failed: ' .. result[3])
+    end
+    results[#results + 1] = result
     i = last + 1
   end
   if not changed then return i end
-
-  touch(m, now, 0)
-  if m.exp and not m.ttl then apply_expiry(m) end  -- a new log key needs the deadline too
-  if m.tail ~= old_tail or m.closed ~= was_closed then
-    local notice = old_tail .. ' ' .. m.tail .. (m.closed and ' 1' or ' 0')
-    if #appended > 0 and tonumber(m.tail) - tonumber(old_tail) <= tonumber(ARGV[1]) then
-      local sizes, datas = {}, {}
-      for k, index in ipairs(appended) do sizes[k] = #ARGV[index]; datas[k] = ARGV[index] end
-      notice = notice .. ' ' .. table.concat(sizes, ',') .. '\n' .. table.concat(datas)
-    end
-    redis.call('PUBLISH', CHANNEL, notice)
-  end
+  local ok, e = pcall(finish_stream, m, old_tail, was_closed, appended)
+  if not ok then redis.log(redis.LOG_WARNING, 'after appending: ' .. error_text(e)) end
   return i
 end
 

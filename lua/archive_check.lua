@@ -1,8 +1,11 @@
 -- archive_check.lua: is this incarnation's archive still needed? Its stream
 -- exists (or is soft-deleted with forks reading it) under the same
 -- incarnation. A dead incarnation never lives again (ids are random).
--- ARGV: 1 incarnation.
--- Returns {'live'} | {'dead'}.
+-- Fenced: reconciliation asks it under the stream's lease, then removes.
+-- KEYS: the stream's five (see _prelude.lua), KEYS[6] the lease.
+-- ARGV: 1 lease token, 2 incarnation.
+-- Returns {'live'} | {'dead'} | {'lost'} (the lease is not this worker's).
+if redis.call('GET', KEYS[6]) ~= ARGV[1] then return {'lost'} end
 local m = load_meta()
-if resolve(m, now_ms()) == 'missing' or m.inc ~= ARGV[1] then return {'dead'} end
+if resolve(m, now_ms()) == 'missing' or m.inc ~= ARGV[2] then return {'dead'} end
 return {'live'}

@@ -1,14 +1,20 @@
 -- archive_commit.lua: the staged file is durable: record it as a segment,
 -- move the log's start to its end, and trim the Redis Stream below that.
--- ARGV: 1 incarnation, 2 the pending member (as staged).
+-- KEYS: the stream's five (see _prelude.lua), KEYS[6] the lease.
+-- ARGV: 1 lease token, 2 incarnation, 3 the pending member (as staged).
 -- Returns {'ok', replaced member or ''} (a replaced file is now garbage, score
---   -2, for the worker to delete) | {'missing'} (the stream or its staging is
---   gone: the caller deletes the file it wrote).
-local inc, member = ARGV[1], ARGV[2]
+--   -2, for the worker to delete) | {'committed'} (already recorded: a retried
+--   call whose first reply was lost; the file must stay) | {'missing'} (the
+--   stream or its staging is gone) | {'lost'} (the lease is not this
+--   worker's: another may be redoing the same file; nothing changed).
+if redis.call('GET', KEYS[6]) ~= ARGV[1] then return {'lost'} end
+local inc, member = ARGV[2], ARGV[3]
 local m = load_meta()
 if resolve(m, now_ms()) == 'missing' or m.inc ~= inc then return {'missing'} end
 local segs = segs_key(inc)
-if redis.call('ZSCORE', segs, member) ~= '-1' then return {'missing'} end
+local score = redis.call('ZSCORE', segs, member)
+if score and tonumber(score) >= 0 then return {'committed'} end
+if score ~= '-1' then return {'missing'} end
 local from, to = string.match(member, '^(%d+) (%d+)')
 local replaced = redis.call('ZRANGEBYSCORE', segs, from, from)[1]
 if replaced then redis.call('ZADD', segs, -2, replaced) end

@@ -1,6 +1,8 @@
 -- archive_forget.lua: files the worker has deleted leave the segment set
 -- (garbage, a failed staging, or every file of a dead incarnation; an empty
 -- set is gone with them).
--- ARGV: 1 incarnation, 2.. members.
--- Returns the number of members removed.
-return redis.call('ZREM', segs_key(ARGV[1]), unpack(ARGV, 2))
+-- KEYS: the stream's five (see _prelude.lua), KEYS[6] the lease.
+-- ARGV: 1 lease token, 2 incarnation, 3.. members.
+-- Returns {'ok', number removed} | {'lost'} (the lease is not this worker's).
+if redis.call('GET', KEYS[6]) ~= ARGV[1] then return {'lost'} end
+return {'ok', redis.call('ZREM', segs_key(ARGV[2]), unpack(ARGV, 3))}

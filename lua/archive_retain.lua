@@ -1,10 +1,13 @@
 -- archive_retain.lua: retention. Drops the oldest segments whose newest
 -- entry was appended before the cutoff; reads below the new floor get 410.
--- ARGV: 1 incarnation, 2 cutoff (ms).
--- Returns the dropped members, now garbage (score -2) for the worker to delete.
-local inc, cutoff = ARGV[1], tonumber(ARGV[2])
+-- KEYS: the stream's five (see _prelude.lua), KEYS[6] the lease.
+-- ARGV: 1 lease token, 2 incarnation, 3 cutoff (ms).
+-- Returns {'ok', {dropped members}} (now garbage, score -2, for the worker to
+--   delete) | {'lost'} (the lease is not this worker's).
+if redis.call('GET', KEYS[6]) ~= ARGV[1] then return {'lost'} end
+local inc, cutoff = ARGV[2], tonumber(ARGV[3])
 local m = load_meta()
-if resolve(m, now_ms()) == 'missing' or m.inc ~= inc then return {} end
+if resolve(m, now_ms()) == 'missing' or m.inc ~= inc then return {'ok', {}} end
 local segs = segs_key(inc)
 local dropped = {}
 for _, member in ipairs(redis.call('ZRANGEBYSCORE', segs, 0, '+inf')) do
@@ -14,4 +17,4 @@ for _, member in ipairs(redis.call('ZRANGEBYSCORE', segs, 0, '+inf')) do
   redis.call('HSET', META, 'floor', to)
   dropped[#dropped + 1] = member
 end
-return dropped
+return {'ok', dropped}

@@ -1,13 +1,16 @@
 -- archive_stage.lua: the archive worker names the file it is about to write,
 -- before writing it, so a worker that crashes is retried with the same range
 -- and file name (the file is overwritten, never duplicated).
--- ARGV: 1 incarnation (the stream's, or a fresh one if it has none), 2 from,
---   3 to, 4 first append ms, 5 last append ms, 6 file. `from` is where the
---   log starts (meta arch, else base), or the start of the last segment, which
---   the new file then replaces (merging small files).
+-- KEYS: the stream's five (see _prelude.lua), KEYS[6] the lease.
+-- ARGV: 1 lease token, 2 incarnation (the stream's, or a fresh one if it has
+--   none), 3 from, 4 to, 5 first append ms, 6 last append ms, 7 file. `from`
+--   is where the log starts (meta arch, else base), or the start of the last
+--   segment, which the new file then replaces (merging small files).
 -- Returns {'ok'} | {'busy', pending member} | {'moved'} (state changed under
---   the worker: plan again) | {'missing'}.
-local inc, from, to = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+--   the worker: plan again) | {'missing'} | {'lost'} (the lease is not this
+--   worker's).
+if redis.call('GET', KEYS[6]) ~= ARGV[1] then return {'lost'} end
+local inc, from, to = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local m = load_meta()
 if resolve(m, now_ms()) == 'missing' then return {'missing'} end
 if m.inc and m.inc ~= inc then return {'moved'} end
@@ -21,5 +24,5 @@ if from ~= start then
   if not last or tonumber(string.match(last, '^%d+ (%d+)')) ~= start then return {'moved'} end
 end
 if not m.inc then redis.call('HSET', META, 'inc', inc) end
-redis.call('ZADD', segs, -1, table.concat({ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]}, ' '))
+redis.call('ZADD', segs, -1, table.concat({ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]}, ' '))
 return {'ok'}

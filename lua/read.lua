@@ -1,7 +1,8 @@
 -- read.lua: one consistent look at a stream: its metadata and own entries.
 -- ARGV: 1 start position (-1: metadata only), 2 byte budget, 3 '1' when this
 --   read refreshes a sliding TTL (GET does, HEAD does not), 4 most bytes to
---   return inline (more: the 'bulk' answer of read_from).
+--   return inline (more: the 'bulk' answer of read_from), 5 most entries to
+--   return (bounds the script's work).
 -- Returns {'ok', meta, entries, segment[, 'bulk']} with entries = {pos, data,
 --   ...} from max(start, base), or none and the archived segment ('' if none)
 --   holding that position when it is below the log, or none and 'bulk' (see
@@ -16,7 +17,7 @@ local found = {{}, ''}
 if start >= 0 then
   local from = math.max(start, tonumber(m.base))
   if from < tonumber(m.tail) then
-    found = read_from(m, from, nil, budget, m.ctn == 'application/json', budget + 1, inline)
+    found = read_from(m, from, nil, budget, m.ctn == 'application/json', tonumber(ARGV[5]), inline)
   end
 end
 return {'ok', flat(m), found[1], found[2], found[3]}

@@ -242,6 +242,7 @@ async def test_retention_drops_old_data_with_410(http, url, redis, archive_dir):
 
 
 async def test_hints_reach_workers(http, url, redis):
+    await redis.set(keys.ARCHIVE_WORKER_ALIVE, "test", px=60_000)  # what a running worker says
     await create(http, url, "text/plain", b"x")
     for _ in range(30):
         if await redis.zscore(keys.ARCHIVE_HINTS, sid_of(url)) is not None:
@@ -317,8 +318,8 @@ async def test_a_crash_at_each_step_is_repaired(http, url, redis, archive_dir, p
             raise Crash
         return size
 
-    async def call(script, sid, *args):
-        result = await original_call(script, sid, *args)
+    async def call(script, *args):
+        result = await original_call(script, *args)
         if (script, point) in (("archive_stage", "after_stage"), ("archive_commit", "after_commit")):
             raise Crash
         return result

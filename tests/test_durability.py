@@ -1,15 +1,46 @@
-"""Acknowledged means durable: kill Redis hard, restart it, every acked byte is there."""
+"""Acknowledged means durable, and what these tests do and do not prove.
+
+``test_acknowledged_appends_survive_kill_9`` proves survival of a *Redis
+process crash*: SIGKILL under concurrent appends, restart on the same files,
+every acknowledged append is there once, in order. It cannot catch a missing
+fsync: after SIGKILL the kernel still holds the page cache, so Redis' write()s
+reach the restarted process whether or not they were fsynced. It passes just
+as well with ``appendfsync no``. Only a machine crash or power loss (which no
+test here causes) tells the two apart.
+
+``test_embedded_redis_fsyncs_every_write`` closes that gap by the settings:
+the embedded Redis that ``durable-streams serve`` starts reports (CONFIG GET,
+the values in effect) ``appendonly yes`` and ``appendfsync always``, the mode in
+which Redis fsyncs the AOF before it replies to a write, so before the
+gateway's 2xx. It fails if either setting is weakened. It also checks that an
+acknowledged append is already in the AOF file (written before the reply) and
+that Redis reports no failed AOF write; it does not observe the fsync system
+call itself (no counter of fsyncs exists; a page-cache check cannot tell).
+
+``test_require_durable_*``: against an external Redis, ``--require-durable``
+starts only on ``appendonly yes`` + ``appendfsync always`` and refuses the rest,
+with one line saying why.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
 
 import aiohttp
 import pytest
+import redis
 
+from gateway.durability import assess
 from gateway.embedded import EmbeddedRedis, find_redis_server
 
-from .conftest import own_redis_server, start_gateway
+from .conftest import free_port, own_redis_server, start_gateway
 
 
 @pytest.fixture
@@ -20,6 +51,19 @@ def own_redis(tmp_path):
         pytest.skip("needs a redis-server binary to kill and restart")
     with own_redis_server(tmp_path / "redis") as server:
         yield server
+
+
+async def _read_all(http: aiohttp.ClientSession, url: str) -> bytes:
+    """The whole stream, following Stream-Next-Offset (one read returns a bounded chunk)."""
+    data, offset = b"", "-1"
+    for _ in range(1000):
+        async with http.get(url, params={"offset": offset}) as r:
+            assert r.status == 200, r.status
+            data += await r.read()
+            offset = r.headers["Stream-Next-Offset"]
+            if r.headers.get("Stream-Up-To-Date") == "true":
+                return data
+    raise AssertionError("the read never got up to date")
 
 
 async def test_acknowledged_appends_survive_kill_9(
@@ -55,7 +99,7 @@ async def test_acknowledged_appends_survive_kill_9(
         for _ in range(50):  # the gateway reconnects by itself
             async with http.get(url) as r:
                 if r.status == 200:
-                    stored = await r.read()
+                    stored = await _read_all(http, url)
                     break
             await asyncio.sleep(0.1)
     finally:
@@ -67,3 +111,133 @@ async def test_acknowledged_appends_survive_kill_9(
         positions = [stored.index(item) for item in mine]
         assert positions == sorted(positions)
         assert all(stored.count(item) == 1 for item in mine)
+
+
+def _needs_redis_server() -> str:
+    try:
+        return find_redis_server()
+    except RuntimeError:
+        pytest.skip("needs a redis-server binary")
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DURABLE_STREAMS_REDIS_URL")}
+
+
+def _wait_ready(port: int, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.1)
+    raise AssertionError("gateway did not become ready")
+
+
+def test_embedded_redis_fsyncs_every_write(tmp_path: Path) -> None:
+    """The embedded Redis of `durable-streams serve` runs with fsync on every write."""
+    _needs_redis_server()
+    port = free_port()
+    data_dir = tmp_path / "data"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway", "serve", "--port", str(port), "--data-dir", str(data_dir)],
+        env=_env(), stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        _wait_ready(port, proc)
+        with redis.Redis(unix_socket_path=str(data_dir / "redis.sock"), decode_responses=True) as client:
+            settings = client.config_get("append*")
+            assert settings["appendonly"] == "yes"
+            assert settings["appendfsync"] == "always"  # fsync before the reply, so before our 2xx
+            assert assess(settings["appendonly"], settings["appendfsync"]) is None
+
+            url = f"http://127.0.0.1:{port}/v1/stream/fsynced"
+            marker = b"acknowledged-and-in-the-aof"
+            for method, body in (("PUT", b""), ("POST", marker)):
+                request = urllib.request.Request(
+                    url, data=body, method=method, headers={"Content-Type": "text/plain"}
+                )
+                with urllib.request.urlopen(request) as r:
+                    assert r.status in (201, 204)
+            aof = b"".join(p.read_bytes() for p in data_dir.rglob("*.aof"))  # Redis 7: appendonlydir/
+            assert marker in aof  # in the file when the 2xx came, not in a buffer of Redis'
+            info = client.info("persistence")
+            assert info["aof_enabled"] == 1
+            assert info["aof_last_write_status"] == "ok"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(20)
+
+
+@pytest.fixture
+def external_redis(tmp_path: Path, request: pytest.FixtureRequest):
+    """A redis-server with the persistence settings given as the test's parameters."""
+    binary = _needs_redis_server()
+    appendonly, appendfsync = request.param
+    port = free_port()
+    server = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", str(tmp_path),
+         "--appendonly", appendonly, "--appendfsync", appendfsync],
+        stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        for _ in range(100):
+            try:
+                with redis.Redis.from_url(url) as client:
+                    client.ping()
+                break
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        yield url
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+@pytest.mark.parametrize(
+    "external_redis, why",
+    [
+        (("yes", "everysec"), "appendfsync is 'everysec'"),
+        (("yes", "no"), "appendfsync is 'no'"),
+        (("no", "always"), "appendonly is off"),
+        (("no", "everysec"), "appendonly is off"),
+    ],
+    indirect=["external_redis"],
+)
+def test_require_durable_refuses_redis_without_fsync_always(external_redis: str, why: str) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "gateway", "serve", "--port", str(free_port()),
+         "--redis-url", external_redis, "--require-durable"],
+        capture_output=True, text=True, timeout=30, env=_env(),
+    )  # fmt: skip
+    assert out.returncode != 0
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("durable-streams: refusing to start (--require-durable): "), out.stderr
+    assert why in last
+
+
+@pytest.mark.parametrize("external_redis", [("yes", "always")], indirect=True)
+def test_require_durable_accepts_fsync_always(external_redis: str) -> None:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway", "serve", "--port", str(port),
+         "--redis-url", external_redis, "--require-durable"],
+        env=_env(), stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        _wait_ready(port, proc)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+
+
+@pytest.mark.parametrize(
+    "appendonly, appendfsync, durable",
+    [("yes", "always", True), ("yes", "everysec", False), ("yes", "no", False), ("no", "always", False)],
+)
+def test_assess(appendonly: str, appendfsync: str, durable: bool) -> None:
+    assert (assess(appendonly, appendfsync) is None) is durable

@@ -1,7 +1,7 @@
 """The archive worker: moves each stream's older entries from Redis to Parquet.
 
-Per stream, under a lease (a redis-py Lock, so one worker at a time; a
-crashed worker's lease expires and another takes over):
+Per stream, under a lease (one worker at a time; a crashed or paused
+worker's lease expires and another takes over; see "Fencing" below):
 
 1. plan a range past the hot window, aligned to entries, within one UTC day,
    merged with the stream's last file while that is small;
@@ -16,20 +16,28 @@ A crash between any two steps leaves either a staged range (redone with the
 same name: overwritten, not duplicated) or a garbage entry (deleted next
 time): the archive plus Redis hold every byte once.
 
+Fencing: the lease is a token in ``keys.lease(sid)``, renewed every third of
+its length while a round runs. Every script that changes archive state checks
+the token inside Redis, so a worker that lost its lease (paused past it: GC,
+SIGSTOP, a slow PUT) changes nothing there; it notices, stops the round, and
+deletes a file it wrote only if ``archive_named.lua`` says no committed or
+staged segment of a live incarnation names it. Every file delete asks that.
+
 Work is found through hints (``gateway/hints.py``) and a periodic
 reconciliation (one worker at a time) that also removes the files of deleted
-and expired streams.
+and expired streams, found through the index ``keys.ARCHIVE_SEGSETS``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +52,8 @@ from gateway.segments import GARBAGE, PENDING, Segment, file_name, utc_date
 
 log = logging.getLogger("durable_streams.archive")
 PAGE = 1000  # log entries per XRANGE
+ALIVE_MS = 60_000  # how long one announcement keeps gateways sending hints
+FORGET_BATCH = 500  # members per archive_forget call (Lua's unpack has a limit)
 
 
 def now_ms() -> int:
@@ -86,6 +96,27 @@ class _Job:
     rows: list[Row] | None  # None: read them again (redoing a staged file)
 
 
+class LeaseLost(Exception):
+    """The stream's lease expired or another worker holds it: stop, change nothing."""
+
+
+@dataclass
+class Lease:
+    """A stream's archive lease as this worker holds it."""
+
+    sid: str
+    token: str
+    seconds: float
+    valid_until: float  # time.monotonic(): the latest moment it surely still holds
+    lost: bool = False
+
+    def check(self) -> None:
+        """Raise LeaseLost once the lease may have run out (a pause outlasted it)."""
+        if self.lost or time.monotonic() >= self.valid_until:
+            self.lost = True
+            raise LeaseLost(keys.path_of(self.sid))
+
+
 class Archiver:
     def __init__(
         self,
@@ -109,16 +140,33 @@ class Archiver:
         self.archived_bytes = 0  # totals, for logs and benchmarks
         self.files_written = 0
 
-    async def _call(self, script: str, sid: str, *args: Any) -> Any:
-        return await self.scripts.call(script, keys.stream_keys(sid), list(args))
+    async def _call(self, script: str, lease: Lease, *args: Any) -> Any:
+        """Run an archive script for the lease's stream, fenced by its token."""
+        stream_keys = [*keys.stream_keys(lease.sid), keys.lease(lease.sid)]
+        return await self.scripts.call(script, stream_keys, [lease.token, *args])
+
+    async def _fenced(self, script: str, lease: Lease, *args: Any) -> list[Any]:
+        """Run a fenced script; LeaseLost if Redis says the lease is not ours."""
+        result = await self._call(script, lease, *args)
+        if _text(result[0]) == "lost":
+            lease.lost = True
+            raise LeaseLost(keys.path_of(lease.sid))
+        return list(result)
 
     # -- the loop -----------------------------------------------------------
+
+    async def announce(self) -> None:
+        """Tell gateways a worker is alive, so they send hints (gateway/hints.py). First
+        thing in every pass: a worker's first pass reconciles, which finds whatever
+        was written while no worker (so no hint) was around."""
+        await self.redis.set(keys.ARCHIVE_WORKER_ALIVE, self.name, px=ALIVE_MS)
 
     async def run(self, stop: asyncio.Event) -> None:
         await self.scripts.load()
         next_reconcile = 0.0
         while not stop.is_set():
             try:
+                await self.announce()
                 if time.monotonic() >= next_reconcile:
                     next_reconcile = time.monotonic() + self.reconcile_seconds
                     await self.reconcile()
@@ -163,23 +211,65 @@ class Archiver:
 
     async def archive_stream(self, sid: str) -> None:
         """Archive what the policy allows of one stream, under its lease."""
-        lease = self.redis.lock(keys.lease(sid), timeout=self.lease_seconds, blocking=False)
-        if not await lease.acquire():
-            await self.hint(sid, now_ms() + 1000)  # someone else is on it; look again soon
-            return
-        try:
-            for _ in range(10_000):  # each round moves the log's start, or ends
-                if not await self._round(sid):
-                    return
-                await lease.reacquire()
-        finally:
+        async with self._leased(sid) as lease:
+            if lease is None:
+                await self.hint(sid, now_ms() + 1000)  # someone else is on it; look again soon
+                return
             try:
-                await lease.release()
-            except Exception:  # expired meanwhile: nothing to release
-                pass
+                for _ in range(10_000):  # each round moves the log's start, or ends
+                    lease.check()
+                    if not await self._round(lease):
+                        return
+            except LeaseLost:
+                log.warning("lost the lease of %s during a round; stopped it", keys.path_of(sid))
+                await self.hint(sid, now_ms() + 1000)
 
-    async def _round(self, sid: str) -> bool:
+    # -- the lease ----------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _leased(self, sid: str) -> AsyncIterator[Lease | None]:
+        """The stream's lease (None: another worker holds it), renewed in the
+        background while the body runs, released after."""
+        token = f"{self.name}:{uuid.uuid4().hex}"
+        started = time.monotonic()
+        if not await self.redis.set(keys.lease(sid), token, nx=True, px=int(self.lease_seconds * 1000)):
+            yield None
+            return
+        lease = Lease(sid, token, self.lease_seconds, started + self.lease_seconds)
+        renewal = asyncio.create_task(self._renew(lease))
+        try:
+            yield lease
+        finally:
+            renewal.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await renewal
+            with contextlib.suppress(Exception):  # fenced: frees it only if still ours; else it expires
+                await self._call("archive_lease", lease, 0)
+
+    async def _renew(self, lease: Lease) -> None:
+        """Extend the lease every third of its length; mark it lost when Redis says
+        it is no longer ours, or when it could not be renewed in time."""
+        while not lease.lost:
+            await asyncio.sleep(lease.seconds / 3)
+            sent = time.monotonic()
+            if sent >= lease.valid_until:
+                lease.lost = True
+                return
+            try:
+                result = await self._call("archive_lease", lease, int(lease.seconds * 1000))
+            except Exception as error:  # Redis unreachable: try again until the lease runs out
+                log.warning("renewing the lease of %s failed: %s", keys.path_of(lease.sid), error)
+                continue
+            if _text(result[0]) != "ok":
+                lease.lost = True
+                return
+            lease.valid_until = sent + lease.seconds
+
+    # -- one round ----------------------------------------------------------
+
+    async def _round(self, lease: Lease) -> bool:
         """One step of work on a stream; False when there is nothing more to do now."""
+        sid = lease.sid
         raw = await self.redis.hgetall(keys.stream_keys(sid)[0])
         if not raw:
             return False
@@ -190,19 +280,21 @@ class Archiver:
         pending = [Segment.parse(m) for m, score in members if score == PENDING]
         committed = [Segment.parse(m) for m, score in members if score >= 0]
         if garbage:
-            await self._remove(sid, inc, garbage)
+            await self._remove(lease, inc, garbage)
         if pending:
-            return await self._write_and_commit(sid, meta, inc, _Job(pending[0], None))
+            return await self._write_and_commit(lease, meta, inc, _Job(pending[0], None))
         if self.policy.retention_ms and committed:
-            dropped = await self._call("archive_retain", sid, inc, now_ms() - self.policy.retention_ms)
-            if dropped:
-                await self._remove(sid, inc, [Segment.parse(m) for m in dropped])
-        job = await self._plan(sid, meta, inc, committed[-1] if committed else None)
+            retained = await self._fenced("archive_retain", lease, inc, now_ms() - self.policy.retention_ms)
+            if retained[1]:
+                await self._remove(lease, inc, [Segment.parse(m) for m in retained[1]])
+        job = await self._plan(lease, meta, inc, committed[-1] if committed else None)
         if job is None:
             return False
-        staged = await self._call(
+        # Indexed before the set is first written, so reconciliation finds it once the stream is gone.
+        await self.redis.sadd(keys.ARCHIVE_SEGSETS, keys.segments(sid, inc))
+        staged = await self._fenced(
             "archive_stage",
-            sid,
+            lease,
             inc,
             job.segment.start,
             job.segment.end,
@@ -212,12 +304,12 @@ class Archiver:
         )
         status = _text(staged[0])
         if status == "ok":
-            return await self._write_and_commit(sid, meta, inc, job)
+            return await self._write_and_commit(lease, meta, inc, job)
         return status in ("busy", "moved")  # plan again from what Redis says now
 
-    async def _plan(self, sid: str, meta: dict[str, str], inc: str, last: Segment | None) -> _Job | None:
+    async def _plan(self, lease: Lease, meta: dict[str, str], inc: str, last: Segment | None) -> _Job | None:
         """The next range to archive, or None (nothing due; re-hinted for later)."""
-        policy, now = self.policy, now_ms()
+        sid, policy, now = lease.sid, self.policy, now_ms()
         start = _log_start(meta)
         limit = int(meta["tail"]) - policy.hot_bytes
         if limit <= start:
@@ -227,7 +319,7 @@ class Archiver:
         rows: list[Row] = []
         size = 0
         day = ""
-        async for row in self._log(sid, start):
+        async for row in self._log(lease, start):
             if row.position + len(row.data) > limit:
                 break
             if row.append_ms > young:  # past the byte window, not yet old enough: look again then
@@ -254,10 +346,12 @@ class Archiver:
         name = file_name(keys.path_of(sid), inc, first, end, first_ms)
         return _Job(Segment(first, end, first_ms, rows[-1].append_ms, name), rows)
 
-    async def _write_and_commit(self, sid: str, meta: dict[str, str], inc: str, job: _Job) -> bool:
-        segment = job.segment
+    async def _write_and_commit(self, lease: Lease, meta: dict[str, str], inc: str, job: _Job) -> bool:
+        sid, segment = lease.sid, job.segment
         start = _log_start(meta)
-        rows = job.rows if job.rows is not None else [row async for row in self._log(sid, start, segment.end)]
+        rows = job.rows
+        if rows is None:
+            rows = [row async for row in self._log(lease, start, segment.end)]
         parts: list[pa.Table] = []
         if segment.start < start:  # merging: the last file's rows come first
             replaced = await self.redis.zrangebyscore(
@@ -267,11 +361,18 @@ class Archiver:
             parts.append(await asyncio.to_thread(self.archive.read, old.file))
         parts.append(to_table(keys.path_of(sid), inc, meta["ct"], rows))
         table = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+        lease.check()  # a pause may have outlasted the lease: then another worker redoes this file
         await asyncio.to_thread(self.archive.write, segment.file, table, self.policy.row_group_bytes)
-        result = await self._call("archive_commit", sid, inc, segment.member)
-        if _text(result[0]) != "ok":  # the stream went away meanwhile
-            await asyncio.to_thread(self.archive.delete, segment.file)
-            await self._call("archive_forget", sid, inc, segment.member)
+        result = await self._call("archive_commit", lease, inc, segment.member)
+        status = _text(result[0])
+        if status == "lost":  # the file may be the new holder's (same name) or already merged away
+            lease.lost = True
+            await self._delete_unnamed(lease, inc, [segment])
+            raise LeaseLost(keys.path_of(sid))
+        if status == "committed":  # a retried call whose first reply was lost: done
+            return True
+        if status != "ok":  # the stream went away meanwhile
+            await self._remove(lease, inc, [segment])
             return False
         archived = sum(len(r.data) for r in rows)
         self.archived_bytes += archived
@@ -279,24 +380,39 @@ class Archiver:
         metrics.ARCHIVED_BYTES.labels(self.name).inc(archived)
         metrics.ARCHIVE_FILES.labels(self.name).inc()
         if _text(result[1]):
-            await self._remove(sid, inc, [Segment.parse(result[1])])
+            await self._remove(lease, inc, [Segment.parse(result[1])])
         return True
 
-    async def _log(self, sid: str, start: int, end: int | None = None) -> AsyncIterator[Row]:
+    async def _log(self, lease: Lease, start: int, end: int | None = None) -> AsyncIterator[Row]:
         """The log's entries from ``start`` (to ``end``, exclusive), read a page at a time."""
         cursor, last = offsets.entry_id(start), "+" if end is None else "(" + offsets.entry_id(end)
-        while page := await self.redis.xrange(keys.stream_keys(sid)[1], min=cursor, max=last, count=PAGE):
+        stream = keys.stream_keys(lease.sid)[1]
+        while page := await self.redis.xrange(stream, min=cursor, max=last, count=PAGE):
+            lease.check()  # a long read: stop early once the lease is gone
             for entry_id, fields in page:
                 yield _row(entry_id, fields)
             cursor = "(" + _text(page[-1][0])
 
-    async def _remove(self, sid: str, inc: str, segments: list[Segment]) -> None:
+    async def _remove(self, lease: Lease, inc: str, segments: list[Segment]) -> None:
         """Delete files, then forget them (in that order: a crash leaves a record, not a stray file)."""
         if not segments:
             return
-        for segment in segments:
-            await asyncio.to_thread(self.archive.delete, segment.file)
-        await self._call("archive_forget", sid, inc, *[s.member for s in segments])
+        await self._delete_unnamed(lease, inc, segments)
+        members = [s.member for s in segments]
+        for i in range(0, len(members), FORGET_BATCH):
+            await self._fenced("archive_forget", lease, inc, *members[i : i + FORGET_BATCH])
+
+    async def _delete_unnamed(self, lease: Lease, inc: str, segments: Iterable[Segment]) -> None:
+        """Delete the segments' files, but none that a committed or staged segment of a
+        live incarnation names: a read (or the lease holder's commit) needs those."""
+        files = sorted({s.file for s in segments})
+        keep: set[str] = set()
+        for i in range(0, len(files), FORGET_BATCH):
+            named = await self._call("archive_named", lease, inc, *files[i : i + FORGET_BATCH])
+            keep.update(_text(f) for f in named)
+        for file in files:
+            if file not in keep:
+                await asyncio.to_thread(self.archive.delete, file)
 
     # -- reconciliation -----------------------------------------------------
 
@@ -307,43 +423,102 @@ class Archiver:
         if not force and not await self.redis.set(keys.ARCHIVE_RECONCILE, self.name, nx=True, px=ttl):
             return False
         now = now_ms()
-        batch: list[str] = []
-        async for key in self.redis.scan_iter(match=keys.META_PATTERN, count=1000):
-            batch.append(_text(key))
-            if len(batch) >= 500:
-                await self._hint_unarchived(batch, now)
-                batch = []
-        if batch:
+        async for batch in _batches(self.redis.scan_iter(match=keys.META_PATTERN, count=1000)):
             await self._hint_unarchived(batch, now)
-        async for key in self.redis.scan_iter(match=keys.SEGMENTS_PATTERN, count=1000):
-            sid, inc = keys.split_segments_key(_text(key))
-            if _text((await self._call("archive_check", sid, inc))[0]) == "dead":
-                members = await self.redis.zrange(_text(key), 0, -1)
-                await self._remove(sid, inc, [Segment.parse(m) for m in members])
-                log.info("removed the archive of %s (%d files)", keys.path_of(sid), len(members))
+        async for batch in _batches(self.redis.sscan_iter(keys.ARCHIVE_SEGSETS, count=1000)):
+            for key in await self._maybe_dead(batch):
+                try:
+                    await self._remove_if_dead(key)
+                except Exception:  # one bad entry must not stop the pass
+                    log.exception("removing the archive %r failed; will retry", key)
         return True
 
     async def _hint_unarchived(self, meta_keys: list[str], now: int) -> None:
+        """Hint streams past their hot window; index their segment sets (a repair:
+        an index entry may be missing, e.g. for sets written before the index)."""
         async with self.redis.pipeline(transaction=False) as pipe:
             for key in meta_keys:
                 pipe.hmget(key, "tail", "arch", "base", "inc")
-            states = await pipe.execute()
-        due = {}
-        for key, (tail, arch, base, inc) in zip(meta_keys, states, strict=True):
-            if tail is None:
-                continue
-            past_window = int(tail) - self.policy.hot_bytes > int(arch or base or 0)
-            if past_window or (self.policy.retention_ms and inc):
-                due[keys.key_stream_id(key)] = now
+            states = await pipe.execute(raise_on_error=False)
+        due: dict[str, int] = {}
+        indexed: list[str] = []
+        for key, state in zip(meta_keys, states, strict=True):
+            try:  # per key: one odd key (a wrong type, a bad value) must not stop the pass
+                if isinstance(state, Exception):
+                    raise state
+                tail, arch, base, inc = state
+                if tail is None:
+                    continue
+                sid = keys.key_stream_id(key)
+                past_window = int(tail) - self.policy.hot_bytes > int(arch or base or 0)
+                if past_window or (self.policy.retention_ms and inc):
+                    due[sid] = now
+                if inc:
+                    indexed.append(keys.segments(sid, _text(inc)))
+            except Exception as error:
+                log.warning("skipped %r while looking for unarchived data: %s", key, error)
         if due:
             await self.redis.zadd(keys.ARCHIVE_HINTS, due, nx=True)
+        if indexed:
+            await self.redis.sadd(keys.ARCHIVE_SEGSETS, *indexed)
+
+    async def _maybe_dead(self, segment_keys: list[str]) -> list[str]:
+        """The index entries whose stream no longer has that incarnation at first sight
+        (one pipelined read; the verdict is checked again under the stream's lease)."""
+        parsed: list[tuple[str, str, str]] = []
+        out: list[str] = []
+        for key in segment_keys:
+            try:
+                sid, inc = keys.split_segments_key(key)
+            except ValueError:  # not a segment set's name: nothing of ours to remove
+                log.warning("dropped %r from %s: not a segment set", key, keys.ARCHIVE_SEGSETS)
+                await self.redis.srem(keys.ARCHIVE_SEGSETS, key)
+                continue
+            parsed.append((key, sid, inc))
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for _, sid, _ in parsed:
+                pipe.hget(keys.stream_keys(sid)[0], "inc")
+            incs = await pipe.execute(raise_on_error=False)
+        for (key, _, inc), current in zip(parsed, incs, strict=True):
+            if isinstance(current, Exception) or current is None or _text(current) != inc:
+                out.append(key)
+        return out
+
+    async def _remove_if_dead(self, key: str) -> None:
+        """Remove a dead incarnation's files, its segment set, then its index entry;
+        under the stream's lease (busy: next pass), so no round races it."""
+        sid, inc = keys.split_segments_key(key)
+        async with self._leased(sid) as lease:
+            if lease is None:
+                return
+            if _text((await self._fenced("archive_check", lease, inc))[0]) != "dead":
+                return
+            members = await self.redis.zrange(key, 0, -1)
+            await self._remove(lease, inc, [Segment.parse(m) for m in members])
+            if members:
+                log.info("removed the archive of %s (%d files)", keys.path_of(sid), len(members))
+            if not await self.redis.exists(key):  # dead: nothing writes it again
+                await self.redis.srem(keys.ARCHIVE_SEGSETS, key)
 
     async def drain(self) -> None:
         """Work until no hint is due (tests, ``--once``)."""
         await self.scripts.load()
+        await self.announce()
         await self.reconcile(force=True)
         while await self.work_once():
             pass
+
+
+async def _batches(items: AsyncIterator[Any], size: int = 500) -> AsyncIterator[list[str]]:
+    """Key names from a SCAN-style iterator, as text, ``size`` at a time."""
+    batch: list[str] = []
+    async for item in items:
+        batch.append(_text(item))
+        if len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
 
 
 def policy_of(settings: Settings) -> Policy:

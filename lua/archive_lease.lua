@@ -1,0 +1,14 @@
+-- archive_lease.lua: keep or give up the stream's archive lease, only while it
+-- is still this worker's (a worker paused past its lease must not extend or
+-- delete the lease another worker now holds). The worker takes the lease with
+-- a plain SET NX PX; every other archive script is fenced by it.
+-- KEYS: the stream's five (see _prelude.lua), KEYS[6] the lease.
+-- ARGV: 1 lease token, 2 milliseconds to hold it from now (0: release it).
+-- Returns {'ok'} | {'lost'} (the lease expired or is another worker's).
+if redis.call('GET', KEYS[6]) ~= ARGV[1] then return {'lost'} end
+if tonumber(ARGV[2]) > 0 then
+  redis.call('PEXPIRE', KEYS[6], ARGV[2])
+else
+  redis.call('DEL', KEYS[6])
+end
+return {'ok'}

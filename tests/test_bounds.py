@@ -1,0 +1,275 @@
+"""Every request is bounded: in Redis script time, entries copied, fork work, body
+size, memory, and time a client may hold a connection.
+
+Script time is measured with Redis' SLOWLOG and printed; the assertions allow
+20x the expected worst case (a few ms), so only unbounded work fails them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from gateway import keys, offsets
+from gateway.app import GATEWAY
+from gateway.store import MAX_FORK_DEPTH, MAX_READ_ENTRIES, MAX_SCRIPT_ENTRIES
+
+from .conftest import free_port, start_gateway
+
+JSON = {"Content-Type": "application/json"}
+BYTES = {"Content-Type": "application/octet-stream"}
+TEXT = {"Content-Type": "text/plain; charset=utf-8"}
+
+
+async def slowest_script_ms(redis) -> float:
+    entries = await redis.slowlog_get(1024)
+    scripts = [e["duration"] for e in entries if e["command"].split(b" ", 1)[0].upper() == b"EVALSHA"]
+    return max(scripts, default=0) / 1000
+
+
+async def test_reads_and_forks_copy_a_bounded_number_of_entries(redis_url, redis, http) -> None:
+    # 4 MiB chunks: entry bounds stop reads, not bytes. Byte reads all bulk (XRANGE), JSON through Lua.
+    server = await start_gateway(redis_url, read_inline_bytes=0)
+    try:
+        base = f"/v1/stream/bounds-{uuid.uuid4().hex[:8]}"
+        url = str(server.make_url(base))
+        async with http.put(url, headers=JSON) as r:
+            assert r.status == 201
+        batch = b"[" + b",".join(b"%d" % n for n in range(1000)) + b"]"
+        await asyncio.gather(*(http.post(url, data=batch, headers=JSON) for _ in range(50)))  # 50,000
+        await redis.config_set("slowlog-log-slower-than", 0)
+        await redis.slowlog_reset()
+        async with http.get(url, params={"offset": "-1"}) as r:
+            messages = await r.json()
+        assert 0 < len(messages) <= MAX_SCRIPT_ENTRIES
+        # A fork 30,000 messages past the start: counted in pages of bounded reads.
+        fork = str(server.make_url(base + "-fork"))
+        headers = {**JSON, "Stream-Forked-From": base, "Stream-Fork-Offset": offsets.encode(0),
+                   "Stream-Fork-Sub-Offset": "30000"}  # fmt: skip
+        async with http.put(fork, headers=headers) as r:
+            assert r.status == 201, await r.text()
+            assert r.headers["Stream-Next-Offset"] == offsets.encode(
+                len(b"".join(b"%d" % n for n in range(1000))) * 30
+            )
+        headers["Stream-Fork-Sub-Offset"] = str(10**12)
+        async with http.put(fork + "2", headers=headers) as r:
+            assert r.status == 400
+        # A byte stream of 20,000 one-byte entries, read in one go with bulk reads.
+        raw = str(server.make_url(base + "-bytes"))
+        async with http.put(raw, headers=BYTES) as r:
+            assert r.status == 201
+        store = server.app[GATEWAY].store
+        sid = keys.stream_id(base.split("/v1/stream/", 1)[1] + "-bytes")
+        one = {"close": False, "stream_seq": None, "producer": None}
+        kind = "application/octet-stream"
+        await asyncio.gather(*(store.append(sid, kind, [b"x"], **one) for _ in range(20_000)))
+        async with http.get(raw, params={"offset": "-1"}) as r:
+            assert len(await r.read()) == MAX_READ_ENTRIES
+        slowest = await slowest_script_ms(redis)
+        print(f"slowest script: {slowest:.1f} ms")
+        assert slowest < 100, f"a script ran {slowest:.0f} ms"
+    finally:
+        await redis.config_set("slowlog-log-slower-than", 10000)
+        await server.close()
+
+
+async def test_fork_chains_are_bounded(http, gateway) -> None:
+    base = f"chain-{uuid.uuid4().hex[:8]}"
+    async with http.put(f"{gateway}/{base}-0", data=b"a", headers=TEXT) as r:
+        assert r.status == 201
+    for depth in range(1, MAX_FORK_DEPTH + 2):
+        async with http.post(f"{gateway}/{base}-{depth - 1}", data=b"b", headers=TEXT) as r:
+            assert r.status == 204
+        headers = {**TEXT, "Stream-Forked-From": f"/v1/stream/{base}-{depth - 1}"}
+        async with http.put(f"{gateway}/{base}-{depth}", headers=headers) as r:
+            if depth < MAX_FORK_DEPTH:
+                assert r.status == 201, (depth, await r.text())
+            elif r.status == 400:
+                break
+    else:
+        raise AssertionError("no bound on fork depth")
+    async with http.get(f"{gateway}/{base}-{MAX_FORK_DEPTH - 1}", params={"offset": "-1"}) as r:
+        assert r.status == 200
+
+
+async def test_deleted_streams_leave_no_archive_hint_and_no_worker_means_no_hints(
+    http, gateway, redis
+) -> None:
+    url = f"{gateway}/hinted-{uuid.uuid4().hex[:8]}"
+    sid = keys.stream_id(url.split("/v1/stream/", 1)[1])
+    await redis.delete(keys.ARCHIVE_WORKER_ALIVE)
+    async with http.put(url, data=b"x", headers=TEXT) as r:
+        assert r.status == 201
+    await asyncio.sleep(1.5)  # a hints flush: no worker alive, nothing sent
+    assert await redis.zscore(keys.ARCHIVE_HINTS, sid) is None
+    await redis.set(keys.ARCHIVE_WORKER_ALIVE, "test", px=60_000)
+    try:
+        async with http.post(url, data=b"y", headers=TEXT) as r:
+            assert r.status == 204
+        for _ in range(30):
+            if await redis.zscore(keys.ARCHIVE_HINTS, sid) is not None:
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError("no hint while a worker is alive")
+        async with http.delete(url) as r:
+            assert r.status == 204
+        assert await redis.zscore(keys.ARCHIVE_HINTS, sid) is None
+    finally:
+        await redis.delete(keys.ARCHIVE_WORKER_ALIVE)
+
+
+async def test_sse_text_is_cut_on_character_boundaries(http, url) -> None:
+    """The session gateway reads 64 bytes at a time: 3- and 4-byte characters cross
+    every chunk edge somewhere in this text."""
+    text = "€uro 😀 ü " * 40
+    async with http.put(url, data=text.encode(), headers=TEXT) as r:
+        assert r.status == 201
+    async with http.post(url, headers={"Stream-Closed": "true"}) as r:
+        assert r.status == 204
+    got = []
+    async with http.get(url, params={"offset": "-1", "live": "sse"}) as r:
+        event = None
+        async for line in r.content:
+            line = line.decode().rstrip("\n")
+            if line.startswith("event:"):
+                event = line.split(":", 1)[1].strip()
+            elif line.startswith("data:") and event == "data":
+                value = line[5:]
+                got.append(value[1:] if value.startswith(" ") else value)  # SSE strips one space
+    assert "\ufffd" not in "".join(got)
+    assert "".join(got) == text
+
+
+def raw_connect(url: str) -> socket.socket:
+    host, port = url.split("//", 1)[1].split("/", 1)[0].split(":")
+    return socket.create_connection((host, int(port)), timeout=10)
+
+
+async def test_slow_bodies_are_cut_off_and_bodies_in_flight_are_capped(redis_url, http) -> None:
+    server = await start_gateway(
+        redis_url, body_timeout=1.0, max_inflight_body_bytes=3000, max_body_bytes=2000
+    )
+    try:
+        url = str(server.make_url(f"/v1/stream/slow-{uuid.uuid4().hex[:8]}"))
+        path = "/" + url.split("//", 1)[1].split("/", 1)[1]
+        async with http.put(url, headers=TEXT) as r:
+            assert r.status == 201
+
+        def slow_sender(size: int, send: int) -> tuple[int, float]:
+            started = time.monotonic()
+            with raw_connect(url) as s:
+                s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n"
+                          f"Content-Length: {size}\r\n\r\n".encode() + b"x" * send)  # fmt: skip
+                answer = s.recv(4096)  # ... and never the rest
+            return int(answer.split(b" ", 2)[1]), time.monotonic() - started
+
+        # Two senders hold 2 x 1,500 bytes of the 3,000-byte budget for a second; a third
+        # body then finds no room: 503 with Retry-After, at once.
+        holders = [asyncio.create_task(asyncio.to_thread(slow_sender, 2000, 1500)) for _ in range(2)]
+        await asyncio.sleep(0.3)
+        async with http.post(url, data=b"y" * 1000, headers=TEXT) as r:
+            assert r.status == 503 and r.headers["Retry-After"] == "1"
+        for status, took in await asyncio.gather(*holders):
+            assert status == 408 and took < 5
+        async with http.post(url, data=b"y" * 1000, headers=TEXT) as r:
+            assert r.status == 204  # the budget is free again
+        async with http.get(url, params={"offset": "-1"}) as r:
+            assert await r.read() == b"y" * 1000
+    finally:
+        await server.close()
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def serve(redis_url: str, port: int, *flags: str) -> subprocess.Popen[bytes]:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gateway", "serve", "--redis-url", redis_url, "--port", str(port), *flags],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    for _ in range(100):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return process
+        except OSError:
+            time.sleep(0.1)
+    process.kill()
+    raise AssertionError("gateway did not start")
+
+
+async def test_compression_bombs_do_not_take_memory(redis_url, http) -> None:
+    port = free_port()
+    process = serve(redis_url, port)  # 64 MiB bodies, 256 MiB of bodies in flight
+    try:
+        url = f"http://127.0.0.1:{port}/v1/stream/bomb-{uuid.uuid4().hex[:8]}"
+        async with http.put(url, headers=TEXT) as r:
+            assert r.status == 201
+        bomb = gzip.compress(b"\0" * 200_000_000, compresslevel=9)  # ~200 KB that inflate to 200 MB
+        before = rss_mb(process.pid)
+
+        async def send() -> int:
+            async with http.post(url, data=bomb, headers={**TEXT, "Content-Encoding": "gzip"}) as r:
+                return r.status
+
+        statuses = await asyncio.gather(*(send() for _ in range(8)))
+        assert set(statuses) <= {413, 503} and 413 in statuses, statuses  # too large, or no room now
+        grown = rss_mb(process.pid) - before
+        print(f"gateway RSS grew {grown:.0f} MB after 8 bombs of 200 MB ({statuses})")
+        assert grown < 150
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+async def test_sigterm_with_stalled_sse_readers_ends_within_seconds(redis_url, http, workers) -> None:
+    """SSE readers that never read (their socket buffers full) must not hold a
+    shutdown, and neither must any background task after traffic."""
+    port = free_port()
+    process = serve(
+        redis_url, port, "--workers", str(workers), "--write-timeout", "2", "--sse-cycle-seconds", "3"
+    )
+    try:
+        url = f"http://127.0.0.1:{port}/v1/stream/stalled-{uuid.uuid4().hex[:8]}"
+        async with http.put(url, headers=BYTES) as r:
+            assert r.status == 201
+        path = "/" + url.split("//", 1)[1].split("/", 1)[1]
+        readers = []
+        for _ in range(4):
+            s = raw_connect(url)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.sendall(f"GET {path}?offset=-1&live=sse HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            readers.append(s)  # never read from again
+        chunk = os.urandom(256 * 1024)
+        for _ in range(40):  # 10 MB: far more than the sockets hold
+            async with http.post(url, data=chunk, headers=BYTES) as r:
+                assert r.status == 204
+        await asyncio.sleep(0.5)
+        started = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        await asyncio.to_thread(process.wait, 20)
+        took = time.monotonic() - started
+        print(f"SIGTERM to exit: {took:.1f} s ({workers} worker(s))")
+        assert took < 8, took
+        for s in readers:
+            s.close()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()

@@ -1,0 +1,90 @@
+"""What a client is told when Redis fails: never "retry" for a write that may have happened.
+
+- Redis not reachable (nothing sent): 503 with Retry-After, nothing stored.
+- Redis stalls past --redis-timeout after the append was sent: 504 "outcome unknown"
+  without Retry-After; the append may be applied later (here: once Redis resumes).
+  An idempotent producer's retry is then recognized as a duplicate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import aiohttp
+import pytest
+
+from gateway.embedded import EmbeddedRedis, find_redis_server
+
+from .conftest import own_redis_server, start_gateway
+
+TEXT = {"Content-Type": "text/plain"}
+
+
+@pytest.fixture
+def own_redis(tmp_path):
+    try:
+        find_redis_server()
+    except RuntimeError:
+        pytest.skip("needs a redis-server binary to stop and kill")
+    with own_redis_server(tmp_path / "redis") as server:
+        yield server
+
+
+async def test_stalled_redis_means_outcome_unknown(
+    own_redis: EmbeddedRedis, http: aiohttp.ClientSession
+) -> None:
+    gateway = await start_gateway(own_redis.url, redis_timeout=1.0)
+    url = str(gateway.make_url("/v1/stream/stalled"))
+    producer = {"Producer-Id": "p", "Producer-Epoch": "0", "Producer-Seq": "0"}
+    assert own_redis.process is not None
+    try:
+        async with http.put(url, headers=TEXT) as r:
+            assert r.status == 201
+        os.kill(own_redis.process.pid, signal.SIGSTOP)
+        try:
+            async with http.post(url, data=b"producer;", headers={**TEXT, **producer}) as r:
+                assert r.status == 504, r.status  # sent, never answered
+                assert "Retry-After" not in r.headers
+                assert "outcome unknown" in await r.text()
+            # That connection is gone; a new one cannot even be set up: nothing is sent.
+            async with http.post(url, data=b"plain;", headers=TEXT) as r:
+                assert r.status == 503, r.status
+                assert r.headers["Retry-After"] == "1"
+        finally:
+            os.kill(own_redis.process.pid, signal.SIGCONT)
+        # The producer retries the same (epoch, seq): a duplicate, since Redis applied it on waking.
+        for _ in range(50):
+            async with http.post(url, data=b"producer;", headers={**TEXT, **producer}) as r:
+                if r.status in (200, 204):
+                    assert r.status == 204  # recognized: not stored again
+                    break
+            await asyncio.sleep(0.1)
+        async with http.get(url, params={"offset": "-1"}) as r:
+            body = await r.read()
+        assert body == b"producer;", body  # the 504'd append once, the 503'd one not at all
+    finally:
+        await gateway.close()
+
+
+async def test_unreachable_redis_means_retry(own_redis: EmbeddedRedis, http: aiohttp.ClientSession) -> None:
+    gateway = await start_gateway(own_redis.url, redis_timeout=1.0)
+    url = str(gateway.make_url("/v1/stream/unreachable"))
+    try:
+        async with http.put(url, headers=TEXT) as r:
+            assert r.status == 201
+        own_redis.kill()
+        async with http.post(url, data=b"lost;", headers=TEXT) as r:
+            assert r.status == 503
+            assert r.headers["Retry-After"] == "1"
+        own_redis.start()
+        for _ in range(50):
+            async with http.post(url, data=b"kept;", headers=TEXT) as r:
+                if r.status == 204:
+                    break
+            await asyncio.sleep(0.1)
+        async with http.get(url, params={"offset": "-1"}) as r:
+            assert await r.read() == b"kept;"
+    finally:
+        await gateway.close()
