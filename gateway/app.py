@@ -43,8 +43,7 @@ def _error_response(request: web.Request, exc: Exception) -> web.Response:
     if isinstance(exc, redis.exceptions.ResponseError):  # e.g. OOM at maxmemory: Redis refused the write
         limited.log(logging.WARNING, "refused", "redis refused a command: %s", exc)
         return web.Response(status=503, text="storage refused the request\n", headers={"Retry-After": "5"})
-    where = f"{type(exc).__name__}@{exc.__traceback__.tb_frame.f_code.co_name if exc.__traceback__ else ''}"
-    limited.log(logging.ERROR, where, "%s %s failed", request.method, request.path, exc_info=exc)
+    limited.log(logging.ERROR, type(exc).__name__, "%s %s failed", request.method, request.path, exc_info=exc)
     return web.Response(status=500, text="internal error\n")
 
 

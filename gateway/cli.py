@@ -83,6 +83,7 @@ def serve(settings: config.Settings) -> None:
             ),
             access_log=None,
             shutdown_timeout=settings.shutdown_seconds,
+            keepalive_timeout=settings.keepalive_seconds,  # also bounds an unfinished request head
         )
     finally:
         # gunicorn workers are forks that leave through here too: only the process
@@ -136,6 +137,7 @@ def _run_gunicorn(settings: config.Settings, redis_url: str, embedded: bool = Fa
                          "on_starting", "child_exit"):  # fmt: skip
                 self.cfg.set(name, getattr(gunicorn_conf, name))
             self.cfg.set("graceful_timeout", math.ceil(settings.shutdown_seconds))  # gunicorn: whole seconds
+            self.cfg.set("keepalive", math.ceil(settings.keepalive_seconds))
             self.cfg.set("bind", f"{settings.host}:{settings.port}")
             self.cfg.set("workers", settings.workers)
             self.cfg.set("loglevel", settings.log_level)

@@ -20,7 +20,7 @@ class Settings:
     redis_url: str | None = None
     data_dir: str = "./data"
     prefix: str = "/v1/stream"
-    max_body_bytes: int = 64 * 1024 * 1024
+    max_body_bytes: int = 4 * 1024 * 1024
     max_chunk_bytes: int = 4 * 1024 * 1024
     read_inline_bytes: int = 64 * 1024
     max_path_bytes: int = 1024
@@ -30,6 +30,7 @@ class Settings:
     write_timeout: float = 30.0
     redis_timeout: float = 5.0
     shutdown_seconds: float = 30.0
+    keepalive_seconds: float = 75.0
     long_poll_timeout: float = 20.0
     sse_cycle_seconds: float = 60.0
     sse_heartbeat_seconds: float = 15.0
@@ -95,6 +96,8 @@ HELP = {
     "before the connection is dropped",
     "redis_timeout": "seconds to wait for a Redis reply; an append unanswered by then gets 504 "
     "(outcome unknown: retry it only as an idempotent producer)",
+    "keepalive_seconds": "seconds a connection may sit idle, or take to send a request's head "
+    "(line and headers), before it is closed; longer than common load-balancer idle timeouts",
     "shutdown_seconds": "on SIGTERM, seconds in-flight requests get to finish before the process "
     "exits (live responses end at once)",
     "long_poll_timeout": "seconds a long-poll waits for data before answering 204",

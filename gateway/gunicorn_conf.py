@@ -25,7 +25,9 @@ worker_class = "aiohttp.GunicornUVLoopWebWorker"
 # long-polls with their empty answer); in-flight writes get this long to finish.
 graceful_timeout = math.ceil(float(_env("DURABLE_STREAMS_SHUTDOWN_SECONDS", "30")))
 timeout = 60  # a worker silent this long is restarted
-keepalive = 75  # longer than common load-balancer idle timeouts
+# Idle connections, and request heads still arriving (aiohttp's keep-alive timer runs
+# from the connection's start), are closed after this; longer than common LB idle timeouts.
+keepalive = math.ceil(float(_env("DURABLE_STREAMS_KEEPALIVE_SECONDS", "75")))
 accesslog = None
 
 

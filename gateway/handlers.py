@@ -82,9 +82,17 @@ def _entries(request: web.Request, media: str, body: bytes, *, create: bool) -> 
     return entries
 
 
+# RFC 9110 Host: a name or IPv4 address, or an [IPv6] literal, then an optional port.
+_HOST = re.compile(r"\A(?:[A-Za-z0-9._~-]+|\[[0-9A-Fa-f:.]+\])(?::([0-9]{1,5}))?\Z")
+
+
 def _location(request: web.Request) -> str:
     """The created stream's URL, checked before anything is stored: a Host header
-    that makes no URL (``example.com:99999``) is a bad request, not a failed write."""
+    that makes no URL (``example.com:99999``, ``[::1``) is a bad request, not a
+    failed or strange write."""
+    match = _HOST.match(request.host)
+    if match is None or (match.group(1) and int(match.group(1)) > 65535):
+        raise bad_request("the Host header is not a valid host[:port]")
     try:
         return str(request.url.with_query(None))
     except ValueError:

@@ -38,10 +38,14 @@ class Hints:
             self._marked.add(sid)
 
     async def forget(self, sid: str) -> None:
-        """A deleted stream needs no archiving: drop its mark and its hint."""
+        """A deleted stream needs no archiving: drop its mark and its hint. Best effort:
+        the delete is done; a hint left behind costs a worker one look."""
         self._marked.discard(sid)
         if self.enabled:
-            await self.redis.zrem(keys.ARCHIVE_HINTS, sid)
+            try:
+                await self.redis.zrem(keys.ARCHIVE_HINTS, sid)
+            except Exception as exc:
+                log.debug("archive hint of a deleted stream not removed: %s", exc)
 
     async def flush(self) -> None:
         if not self._marked:

@@ -10,8 +10,12 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import subprocess
+import time
+import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -20,7 +24,7 @@ from aiohttp.test_utils import TestServer
 
 from gateway.app import create_app
 from gateway.config import Settings
-from gateway.embedded import EmbeddedRedis
+from gateway.embedded import EmbeddedRedis, find_redis_server
 
 
 def free_port() -> int:
@@ -38,6 +42,51 @@ def own_redis_server(directory: os.PathLike[str], binary: str | None = None) -> 
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[EmbeddedRedis]:
+    """A redis-server of this test's own, to kill, stop or restart."""
+    try:
+        find_redis_server()
+    except RuntimeError:
+        pytest.skip("needs a redis-server binary to kill and restart")
+    with own_redis_server(tmp_path / "redis") as server:
+        yield server
+
+
+async def read_all(http: aiohttp.ClientSession, url: str) -> bytes:
+    """A whole stream from the start, following Stream-Next-Offset (one read returns a
+    bounded chunk); a JSON stream's chunks joined into one array."""
+    data, offset, messages, is_json = b"", "-1", [], False
+    for _ in range(10_000):
+        async with http.get(url, params={"offset": offset}) as r:
+            assert r.status == 200, r.status
+            body = await r.read()
+            offset = r.headers["Stream-Next-Offset"]
+            if r.headers["Content-Type"].startswith("application/json"):
+                is_json = True
+                if body != b"[]":
+                    messages.append(body[1:-1])
+            else:
+                data += body
+            if r.headers.get("Stream-Up-To-Date") == "true":
+                return b"[" + b",".join(messages) + b"]" if is_json else data
+    raise AssertionError("the read never got up to date")
+
+
+def wait_ready(port: int, proc: subprocess.Popen[bytes], seconds: float = 30) -> None:
+    """Until a gateway process answers /readyz (it must not exit meanwhile)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.1)
+    raise AssertionError("gateway did not become ready")
 
 
 def _docker_redis() -> Iterator[str] | None:

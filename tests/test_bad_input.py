@@ -12,10 +12,11 @@ import logging
 import socket
 import uuid
 
-import aiohttp
 import pytest
 
 from gateway import keys
+
+from .conftest import read_all
 
 TEXT = {"Content-Type": "text/plain"}
 
@@ -42,25 +43,6 @@ def raw_request(
                 break
             answer += piece
     return int(answer.split(b" ", 2)[1])
-
-
-async def read_all(http: aiohttp.ClientSession, url: str) -> bytes:
-    """Every byte from the start, chunk by chunk (JSON chunks joined into one array)."""
-    out, offset, json_parts, is_json = b"", "-1", [], False
-    while True:
-        async with http.get(url, params={"offset": offset}) as r:
-            assert r.status == 200, r.status
-            body = await r.read()
-            offset = r.headers["Stream-Next-Offset"]
-            done = r.headers.get("Stream-Up-To-Date") == "true"
-            if r.headers["Content-Type"].startswith("application/json"):
-                is_json = True
-                if body != b"[]":
-                    json_parts.append(body[1:-1])
-            else:
-                out += body
-        if done:
-            return b"[" + b",".join(json_parts) + b"]" if is_json else out
 
 
 def path_of(url: str) -> str:

@@ -215,7 +215,7 @@ def serve(redis_url: str, port: int, *flags: str) -> subprocess.Popen[bytes]:
 
 async def test_compression_bombs_do_not_take_memory(redis_url, http) -> None:
     port = free_port()
-    process = serve(redis_url, port)  # 64 MiB bodies, 256 MiB of bodies in flight
+    process = serve(redis_url, port, "--max-body-bytes", str(64 << 20))  # 256 MiB of bodies in flight
     try:
         url = f"http://127.0.0.1:{port}/v1/stream/bomb-{uuid.uuid4().hex[:8]}"
         async with http.put(url, headers=TEXT) as r:

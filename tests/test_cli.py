@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.embedded import find_redis_server
 
-from .conftest import free_port
+from .conftest import free_port, wait_ready
 
 
 def test_help_lists_every_setting() -> None:
@@ -25,17 +25,6 @@ def test_help_lists_every_setting() -> None:
     assert "DURABLE_STREAMS_REDIS_URL" in out.stdout
 
 
-def _wait_ready(port: int, proc: subprocess.Popen) -> None:
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.1)
-    raise AssertionError("gateway did not become ready")
 
 
 def _serve(tmp_path, *args: str) -> tuple[subprocess.Popen, int]:
@@ -62,7 +51,7 @@ def _serve(tmp_path, *args: str) -> tuple[subprocess.Popen, int]:
         stderr=subprocess.PIPE,
         text=True,
     )
-    _wait_ready(port, proc)
+    wait_ready(port, proc)
     return proc, port
 
 

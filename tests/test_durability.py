@@ -40,30 +40,7 @@ import redis
 from gateway.durability import assess
 from gateway.embedded import EmbeddedRedis, find_redis_server
 
-from .conftest import free_port, own_redis_server, start_gateway
-
-
-@pytest.fixture
-def own_redis(tmp_path):
-    try:
-        find_redis_server()
-    except RuntimeError:
-        pytest.skip("needs a redis-server binary to kill and restart")
-    with own_redis_server(tmp_path / "redis") as server:
-        yield server
-
-
-async def _read_all(http: aiohttp.ClientSession, url: str) -> bytes:
-    """The whole stream, following Stream-Next-Offset (one read returns a bounded chunk)."""
-    data, offset = b"", "-1"
-    for _ in range(1000):
-        async with http.get(url, params={"offset": offset}) as r:
-            assert r.status == 200, r.status
-            data += await r.read()
-            offset = r.headers["Stream-Next-Offset"]
-            if r.headers.get("Stream-Up-To-Date") == "true":
-                return data
-    raise AssertionError("the read never got up to date")
+from .conftest import free_port, read_all, start_gateway, wait_ready
 
 
 async def test_acknowledged_appends_survive_kill_9(
@@ -99,7 +76,7 @@ async def test_acknowledged_appends_survive_kill_9(
         for _ in range(50):  # the gateway reconnects by itself
             async with http.get(url) as r:
                 if r.status == 200:
-                    stored = await _read_all(http, url)
+                    stored = await read_all(http, url)
                     break
             await asyncio.sleep(0.1)
     finally:
@@ -124,17 +101,6 @@ def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DURABLE_STREAMS_REDIS_URL")}
 
 
-def _wait_ready(port: int, proc: subprocess.Popen) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.1)
-    raise AssertionError("gateway did not become ready")
 
 
 def test_embedded_redis_fsyncs_every_write(tmp_path: Path) -> None:
@@ -147,7 +113,7 @@ def test_embedded_redis_fsyncs_every_write(tmp_path: Path) -> None:
         env=_env(), stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        _wait_ready(port, proc)
+        wait_ready(port, proc)
         with redis.Redis(unix_socket_path=str(data_dir / "redis.sock"), decode_responses=True) as client:
             settings = client.config_get("append*")
             assert settings["appendonly"] == "yes"
@@ -229,7 +195,7 @@ def test_require_durable_accepts_fsync_always(external_redis: str) -> None:
         env=_env(), stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        _wait_ready(port, proc)
+        wait_ready(port, proc)
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(20) == 0

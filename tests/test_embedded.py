@@ -25,7 +25,7 @@ from gateway.app import create_app
 from gateway.config import Settings
 from gateway.embedded import EmbeddedRedis, find_redis_server
 
-from .conftest import free_port, own_redis_server
+from .conftest import free_port, own_redis_server, read_all
 
 TEXT = {"Content-Type": "text/plain"}
 
@@ -105,17 +105,6 @@ async def _status(http: aiohttp.ClientSession, url: str) -> int:
         return 0
 
 
-async def _read_all(http: aiohttp.ClientSession, url: str) -> bytes:
-    """The whole stream, following Stream-Next-Offset (one read returns a bounded chunk)."""
-    data, offset = b"", "-1"
-    for _ in range(1000):
-        async with http.get(url, params={"offset": offset}) as r:
-            assert r.status == 200, r.status
-            data += await r.read()
-            offset = r.headers["Stream-Next-Offset"]
-            if r.headers.get("Stream-Up-To-Date") == "true":
-                return data
-    raise AssertionError("the read never got up to date")
 
 
 @pytest.mark.parametrize("workers", [1, 2])
@@ -177,7 +166,7 @@ async def test_a_killed_embedded_redis_is_restarted(tmp_path: Path, workers: int
             assert await _status(http, f"{base}/readyz") == 200
             stop.set()
             await asyncio.wait_for(asyncio.gather(*writers), 30)
-            stored = await _read_all(http, url)
+            stored = await read_all(http, url)
     finally:
         stop.set()
         code = _stop(proc)

@@ -13,23 +13,12 @@ import os
 import signal
 
 import aiohttp
-import pytest
 
-from gateway.embedded import EmbeddedRedis, find_redis_server
+from gateway.embedded import EmbeddedRedis
 
-from .conftest import own_redis_server, start_gateway
+from .conftest import start_gateway
 
 TEXT = {"Content-Type": "text/plain"}
-
-
-@pytest.fixture
-def own_redis(tmp_path):
-    try:
-        find_redis_server()
-    except RuntimeError:
-        pytest.skip("needs a redis-server binary to stop and kill")
-    with own_redis_server(tmp_path / "redis") as server:
-        yield server
 
 
 async def test_stalled_redis_means_outcome_unknown(
