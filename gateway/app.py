@@ -43,6 +43,8 @@ def _error_response(request: web.Request, exc: Exception) -> web.Response:
     if isinstance(exc, redis.exceptions.ResponseError):  # e.g. OOM at maxmemory: Redis refused the write
         limited.log(logging.WARNING, "refused", "redis refused a command: %s", exc)
         return web.Response(status=503, text="storage refused the request\n", headers={"Retry-After": "5"})
+    if isinstance(exc, ConnectionError):  # the client left (e.g. before SSE headers went out): nobody to tell
+        return web.Response(status=499, text="client closed the connection\n")
     limited.log(logging.ERROR, type(exc).__name__, "%s %s failed", request.method, request.path, exc_info=exc)
     return web.Response(status=500, text="internal error\n")
 

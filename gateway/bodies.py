@@ -41,13 +41,14 @@ class BodyBudget:
 
     def take(self, request: web.Request, size: int) -> None:
         """Count ``size`` more bytes against the budget for ``request`` (until ``release``).
-        A process holding nothing always admits one body, however large."""
+        A body is always admitted while no other request holds any, however large."""
         if size <= 0:
             return
-        if self.held and self.held + size > self.limit:
+        mine = request.get(_RESERVED, 0)
+        if self.held > mine and self.held + size > self.limit:
             raise ProtocolError(503, "too many request bodies in flight, retry", {"Retry-After": "1"})
         self.held += size
-        request[_RESERVED] = request.get(_RESERVED, 0) + size
+        request[_RESERVED] = mine + size
 
     def release(self, request: web.Request) -> None:
         """The request is answered: its bytes are free again."""
@@ -63,21 +64,29 @@ async def read_body(request: web.Request, *, max_bytes: int, timeout: float, bud
         inflater = zlib.decompressobj(wbits=_ENCODINGS[encoding])
     else:
         raise ProtocolError(415, f"Content-Encoding {encoding[:40]!r} is not supported (gzip, deflate)")
+    # What arrives (compressed or not) is bounded too: compression adds a little to
+    # data that does not compress, never more than this.
+    max_raw = max_bytes + max_bytes // 64 + 1024
     declared = request.content_length
-    if declared is not None and declared > max_bytes:
+    if declared is not None and declared > (max_raw if inflater else max_bytes):
         raise _too_large(max_bytes)
     parts: list[bytes] = []
-    size = 0
+    size = raw = 0
     try:
         async with asyncio.timeout(timeout):
             async for chunk in request.content.iter_any():
+                raw += len(chunk)
                 if inflater is not None:
+                    if raw > max_raw:
+                        raise _too_large(max_bytes)
                     try:
                         chunk = inflater.decompress(chunk, max_bytes + 1 - size)
                     except zlib.error:
                         raise ProtocolError(400, f"body is not valid {encoding}") from None
                     if inflater.unconsumed_tail:  # more output than the limit allows
                         raise _too_large(max_bytes)
+                    if inflater.unused_data:  # zlib would keep collecting whatever follows
+                        raise ProtocolError(400, f"trailing data after the {encoding} body")
                 size += len(chunk)
                 if size > max_bytes:
                     raise _too_large(max_bytes)
@@ -85,9 +94,8 @@ async def read_body(request: web.Request, *, max_bytes: int, timeout: float, bud
                 parts.append(chunk)
     except TimeoutError:
         raise ProtocolError(408, f"request body not received within {timeout:g} s") from None
-    if inflater is not None:
-        if not inflater.eof:
-            raise ProtocolError(400, f"body is truncated {encoding}")
-        if inflater.unused_data:
-            raise ProtocolError(400, f"trailing data after the {encoding} body")
+    except ConnectionError:  # the client went away mid-body: nobody reads the answer
+        raise ProtocolError(400, "the client closed the connection before the body ended") from None
+    if inflater is not None and not inflater.eof:
+        raise ProtocolError(400, f"body is truncated {encoding}")
     return b"".join(parts)

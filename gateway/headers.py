@@ -62,6 +62,8 @@ def parse_decimal(value: str, name: str, maximum: int | None = None) -> int:
     """A non-negative decimal integer: no sign, no leading zeros, no fraction or exponent."""
     if not _DECIMAL.match(value):
         raise bad_request(f"{name} must be a non-negative integer without leading zeros")
+    if len(value) > 20:  # past any limit here; and int() of thousands of digits is refused (ValueError)
+        raise bad_request(f"{name} is too large")
     number = int(value)
     if maximum is not None and number > maximum:
         raise bad_request(f"{name} must be at most {maximum}")

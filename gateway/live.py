@@ -66,11 +66,19 @@ def _whole_characters(chunk: Chunk, text: bool) -> Chunk:
     tail is left as the writers left it."""
     if not text or chunk.meta.is_json or not chunk.entries or chunk.up_to_date:
         return chunk
-    pos, data = chunk.entries[-1]
-    cut = cut_character(data)
-    if not cut or cut >= len(data):
-        return chunk
-    return Chunk(chunk.meta, chunk.start, [*chunk.entries[:-1], (pos, data[:-cut])])
+    cut = cut_character(b"".join(data for _, data in chunk.entries[-4:])[-4:])  # may span entries
+    if not cut or cut >= chunk.end - chunk.start:
+        return chunk  # nothing to hold back, or nothing would be left to send
+    entries = list(chunk.entries)
+    while cut:
+        pos, data = entries[-1]
+        if len(data) <= cut:
+            entries.pop()
+            cut -= len(data)
+        else:
+            entries[-1] = (pos, data[:-cut])
+            cut = 0
+    return Chunk(chunk.meta, chunk.start, entries)
 
 
 async def _after(gw: Gateway, sid: str, watch: Watch, chunk: Chunk) -> Chunk:

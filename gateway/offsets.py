@@ -20,7 +20,7 @@ BEGINNING = -1  # what START parses to: the oldest data still retained (usually 
 NOW = "now"  # sentinel: the current tail
 _WIDTH = 16
 _MAX_POSITION = 10**_WIDTH - 1
-_TOKEN = re.compile(r"\A(\d{16})_(\d{16})\Z")
+_TOKEN = re.compile(r"\A([0-9]{16})_([0-9]{16})\Z")  # ASCII digits: \d takes any script's
 _GENERATION_0 = "0" * _WIDTH + "_"
 _POSITION = f"0{_WIDTH}d"
 

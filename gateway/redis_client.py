@@ -41,7 +41,9 @@ class _Pool(aioredis.BlockingConnectionPool):
     async def get_connection(self, *args: Any, **kwargs: Any) -> AbstractConnection:
         try:
             connection = await super().get_connection(*args, **kwargs)
-        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+        except (RedisConnectionError, RedisTimeoutError, OSError, RuntimeError) as exc:
+            # RuntimeError: uvloop's "unable to perform operation on <transport closed>"
+            # when Redis drops the connection during its handshake.
             raise NotSent(str(exc)) from exc
         # An idle connection the server closed (a restart) would take the next command
         # and fail it as "unknown"; redis-py's own check misses a plain EOF, so look here.
@@ -50,7 +52,7 @@ class _Pool(aioredis.BlockingConnectionPool):
             try:
                 await connection.disconnect()
                 await connection.connect()
-            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            except (RedisConnectionError, RedisTimeoutError, OSError, RuntimeError) as exc:
                 await self.release(connection)
                 raise NotSent(str(exc)) from exc
             except BaseException:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 import zlib
 from collections.abc import Awaitable
@@ -38,12 +39,17 @@ from .headers import (
 )
 from .hints import Hints
 from .jsonmode import to_array
+from .logs import RateLimited
 from .redis_client import NotSent
 from .scripts import Scripts
 from .segments import Segment as ArchivedSegment
 from .singleflight import SingleFlight
 
 log = logging.getLogger(__name__)
+limited = RateLimited(log)
+# Redis' answers to a write it will not do now (full, a replica, failing disk, ...):
+# nothing was stored, and a retry later may succeed.
+_REFUSALS = re.compile(r"\b(OOM|READONLY|MISCONF|NOREPLICAS|MASTERDOWN|BUSY|LOADING)\b")
 # Errors that mean "Redis is not reachable right now" (as opposed to a bad request).
 UNAVAILABLE = (
     redis.exceptions.ConnectionError,
@@ -659,9 +665,12 @@ class Store:
 def _append_error(status: str, result: list[Any]) -> ProtocolError:
     if status == "error":  # append.lua caught a failure of this append alone
         written, message = _text(result[1]), _text(result[2])
-        if written == "none" and "OOM" in message:
-            return ProtocolError(503, "storage is full: the append was not stored", {"Retry-After": "5"})
-        log.error("append failed in Redis (%s written): %s", written, message)
+        refusal = _REFUSALS.search(message)
+        if written == "none" and refusal:
+            limited.log(logging.WARNING, "refused", "redis refused an append: %s", message)
+            text = f"storage refused the append ({refusal[0]}): not stored"
+            return ProtocolError(503, text, {"Retry-After": "5"})
+        limited.log(logging.ERROR, "append", "append failed in Redis (%s written): %s", written, message)
         if written == "none":
             return ProtocolError(500, "internal error: the append was not stored")
         return ProtocolError(500, "internal error: the append may be partly stored")

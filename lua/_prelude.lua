@@ -161,8 +161,10 @@ end
 
 -- Append entries ARGV[first..last] at the tail; returns the new tail. Each
 -- entry keeps its append time and, from an idempotent producer,
--- "<epoch> <seq> <id>" (the archive's producer columns).
-local function add_entries(m, first, last, now, producer)
+-- "<epoch> <seq> <id>" (the archive's producer columns). `wrote`, if given, is
+-- called once the first entry is stored: a refusal (OOM, READONLY, MISCONF)
+-- comes at that first write, before anything is stored.
+local function add_entries(m, first, last, now, producer, wrote)
   local pos = tonumber(m.tail)
   for i = first, last do
     if producer then
@@ -170,6 +172,7 @@ local function add_entries(m, first, last, now, producer)
     else
       redis.call('XADD', LOG, eid(pos), 'd', ARGV[i], 't', now)
     end
+    if wrote and i == first then wrote() end
     pos = pos + #ARGV[i]
   end
   return pos

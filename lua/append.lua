@@ -13,10 +13,11 @@
 -- Publishes one notice per changed stream on its notify channel:
 --   "<old tail> <new tail> <closed 0|1>", plus for small appends
 --   " <len>,<len>,...\n<data><data>..." (gateway/notices.py).
--- Each append runs under pcall: an error in one (a corrupt key, OOM at its
--- first write) is that append's result alone; the batch goes on. Checks come
--- before writes, so a failed append has written nothing unless the error hit
--- between its writes (reported as 'partial').
+-- Each append runs under pcall: an error in one (a corrupt key, a refusal such
+-- as OOM or READONLY at its first write) is that append's result alone; the
+-- batch goes on. Checks come before writes, and Redis refuses a script's writes
+-- only at its first one, so a failed append has written nothing unless the
+-- error hit between its writes (reported as 'partial'; not seen in practice).
 -- Returns one result per append, in ARGV order:
 --   {'ok', tail, closed}            appended / closed
 --   {'dup', tail, closed, epoch, seq} producer retry, already applied
@@ -66,7 +67,8 @@ local function append_stream(i)
   end
   local old_tail, was_closed, changed = m.tail, m.closed, false
   local appended = {}  -- ARGV indices of the entries appended, for the notice
-  local writing = false  -- set before an append's first write: an error after it is 'partial'
+  local writing = false  -- set once an append has stored something: an error after it is 'partial'
+  local function mark_writing() writing = true end
 
   local function append_one(ctn, close, sseq, pid, ep, sq, first, last)
     local has_data = last >= first
@@ -97,8 +99,7 @@ local function append_stream(i)
     end
     if sseq ~= '' and m.seq and not bytes_less(m.seq, sseq) then return {'seq_regress'} end
 
-    writing = true
-    m.tail = fmt(add_entries(m, first, last, now, tuple and (ep .. ' ' .. sq .. ' ' .. pid)))
+    m.tail = fmt(add_entries(m, first, last, now, tuple and (ep .. ' ' .. sq .. ' ' .. pid), mark_writing))
     for i = first, last do appended[#appended + 1] = i end
     local fields = {'tail', m.tail}
     if sseq ~= '' then m.seq = sseq; fields[#fields + 1] = 'seq'; fields[#fields + 1] = sseq end

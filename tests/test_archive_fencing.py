@@ -451,3 +451,20 @@ async def test_one_odd_key_does_not_stop_a_pass(http, gateway, redis, archive_di
         assert await redis.type(odd_meta[1]) == b"list"  # left alone: not ours to remove
     finally:
         await redis.delete(*odd_meta)
+
+
+async def test_archives_no_index_names_are_found_once_after_an_upgrade(http, gateway, redis, archive_dir):
+    """Segment sets written before workers kept the index (an upgrade), of streams
+    deleted since, are indexed by a worker's first reconciliation and removed."""
+    run = uuid.uuid4().hex[:6]
+    archiver = Archiver(redis, Archive(archive_dir), HOT0)
+    streams = await archived_streams(http, redis, archiver, gateway, [f"{run}/old"])
+    url, _, segment = streams[f"{run}/old"]
+    (segs,) = [k async for k in redis.scan_iter(match=keys.segments(keys.stream_id(f"{run}/old"), "*"))]
+    await redis.srem(keys.ARCHIVE_SEGSETS, segs)  # as an older worker left it: not indexed
+    async with http.delete(url) as r:
+        assert r.status == 204
+    fresh = Archiver(redis, Archive(archive_dir), HOT0)  # a newly started worker
+    assert await fresh.reconcile(force=True)
+    assert not (Path(archive_dir) / segment.file).exists()
+    assert not await redis.exists(segs)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import logging
 import os
 import signal
 import socket
@@ -18,9 +19,15 @@ import time
 import uuid
 
 import pytest
+from aiohttp import web
+from aiohttp.client_exceptions import ClientConnectionResetError
+from aiohttp.test_utils import make_mocked_request
 
 from gateway import keys, offsets
-from gateway.app import GATEWAY
+from gateway.app import GATEWAY, endpoint
+from gateway.bodies import BodyBudget
+from gateway.config import Settings
+from gateway.context import Gateway
 from gateway.store import MAX_FORK_DEPTH, MAX_READ_ENTRIES, MAX_SCRIPT_ENTRIES
 
 from .conftest import free_port, start_gateway
@@ -273,3 +280,19 @@ async def test_sigterm_with_stalled_sse_readers_ends_within_seconds(redis_url, h
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+async def test_a_client_gone_is_no_error(caplog) -> None:
+    """A handler that finds its client gone (SSE headers written to a closed connection,
+    seen under load) answers nobody: no 500, no ERROR line with a traceback."""
+
+    async def handler(request: web.Request) -> web.Response:
+        raise ClientConnectionResetError("Cannot write to closing transport")
+
+    app = web.Application()
+    app[GATEWAY] = Gateway(settings=Settings(), store=None, fanout=None, bodies=BodyBudget(1))  # type: ignore[arg-type]
+    request = make_mocked_request("GET", "/v1/stream/x", app=app)
+    with caplog.at_level(logging.INFO):
+        response = await endpoint(handler, "stream")(request)
+    assert response.status == 499
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]

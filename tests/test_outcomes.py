@@ -13,6 +13,7 @@ import os
 import signal
 
 import aiohttp
+import redis.asyncio as aioredis
 
 from gateway.embedded import EmbeddedRedis
 
@@ -76,4 +77,31 @@ async def test_unreachable_redis_means_retry(own_redis: EmbeddedRedis, http: aio
         async with http.get(url, params={"offset": "-1"}) as r:
             assert await r.read() == b"kept;"
     finally:
+        await gateway.close()
+
+
+async def test_a_full_redis_refuses_appends_with_retry(
+    own_redis: EmbeddedRedis, http: aiohttp.ClientSession
+) -> None:
+    """OOM (maxmemory reached, noeviction) comes at an append's first write: nothing is
+    stored, so the answer is 503 with Retry-After, not 500."""
+    gateway = await start_gateway(own_redis.url)
+    url = str(gateway.make_url("/v1/stream/full"))
+    admin = aioredis.Redis.from_url(own_redis.url)
+    try:
+        async with http.put(url, headers=TEXT) as r:
+            assert r.status == 201
+        await admin.config_set("maxmemory-policy", "noeviction")
+        await admin.config_set("maxmemory", 1)
+        async with http.post(url, data=b"refused;", headers=TEXT) as r:
+            assert r.status == 503, (r.status, await r.text())
+            assert r.headers["Retry-After"] == "5"
+            assert "OOM" in await r.text()
+        await admin.config_set("maxmemory", 0)
+        async with http.post(url, data=b"kept;", headers=TEXT) as r:
+            assert r.status == 204
+        async with http.get(url, params={"offset": "-1"}) as r:
+            assert await r.read() == b"kept;"
+    finally:
+        await admin.aclose()
         await gateway.close()

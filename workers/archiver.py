@@ -137,6 +137,7 @@ class Archiver:
         self.reconcile_seconds = reconcile_seconds
         self.lease_seconds = lease_seconds
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
+        self._legacy_indexed = False
         self.archived_bytes = 0  # totals, for logs and benchmarks
         self.files_written = 0
 
@@ -156,17 +157,33 @@ class Archiver:
     # -- the loop -----------------------------------------------------------
 
     async def announce(self) -> None:
-        """Tell gateways a worker is alive, so they send hints (gateway/hints.py). First
-        thing in every pass: a worker's first pass reconciles, which finds whatever
-        was written while no worker (so no hint) was around."""
+        """Tell gateways a worker is alive, so they send hints (gateway/hints.py). Done
+        before a worker's first pass, which reconciles: that finds whatever was
+        written while no worker (so no hint) was around."""
         await self.redis.set(keys.ARCHIVE_WORKER_ALIVE, self.name, px=ALIVE_MS)
+
+    async def _keep_announcing(self, stop: asyncio.Event) -> None:
+        """Renew the announcement beside the work: a long pass must not let it lapse."""
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), ALIVE_MS / 3000)
+            with contextlib.suppress(Exception):  # Redis away: the next renewal tries again
+                await self.announce()
 
     async def run(self, stop: asyncio.Event) -> None:
         await self.scripts.load()
+        await self.announce()
+        announcing = asyncio.create_task(self._keep_announcing(stop))
+        try:
+            await self._work(stop)
+        finally:
+            stop.set()
+            await asyncio.wait_for(announcing, 5)
+
+    async def _work(self, stop: asyncio.Event) -> None:
         next_reconcile = 0.0
         while not stop.is_set():
             try:
-                await self.announce()
                 if time.monotonic() >= next_reconcile:
                     next_reconcile = time.monotonic() + self.reconcile_seconds
                     await self.reconcile()
@@ -423,6 +440,8 @@ class Archiver:
         if not force and not await self.redis.set(keys.ARCHIVE_RECONCILE, self.name, nx=True, px=ttl):
             return False
         now = now_ms()
+        if not self._legacy_indexed:
+            await self._index_legacy_segsets()
         async for batch in _batches(self.redis.scan_iter(match=keys.META_PATTERN, count=1000)):
             await self._hint_unarchived(batch, now)
         async for batch in _batches(self.redis.sscan_iter(keys.ARCHIVE_SEGSETS, count=1000)):
@@ -432,6 +451,21 @@ class Archiver:
                 except Exception:  # one bad entry must not stop the pass
                     log.exception("removing the archive %r failed; will retry", key)
         return True
+
+    async def _index_legacy_segsets(self) -> None:
+        """Once per process: index segment sets that no index names, e.g. those of
+        streams deleted before workers kept the index (an upgrade). Only sorted sets
+        whose names parse as segment-set names: user-chosen paths cannot match."""
+        legacy = self.redis.scan_iter(match=f"{keys.PREFIX}:*:segs:*", count=1000, _type="zset")
+        async for batch in _batches(legacy):
+            found = []
+            for key in batch:
+                with contextlib.suppress(ValueError):
+                    keys.split_segments_key(key)
+                    found.append(key)
+            if found:
+                await self.redis.sadd(keys.ARCHIVE_SEGSETS, *found)
+        self._legacy_indexed = True
 
     async def _hint_unarchived(self, meta_keys: list[str], now: int) -> None:
         """Hint streams past their hot window; index their segment sets (a repair:

@@ -142,6 +142,7 @@ class ReaderLog:
     arrivals: list[tuple[float, int]] = field(default_factory=list)  # (time.monotonic(), bytes so far)
     connects: list[tuple[float, str]] = field(default_factory=list)  # (time.monotonic(), gateway) per request
     protocol_errors: list[str] = field(default_factory=list)  # answers that broke the protocol
+    caught_up: float | None = None  # time.monotonic() of its first up-to-date answer: tailing from then
 
 
 def record(writer: str, seq: int, pad: int = 0) -> bytes:
@@ -317,13 +318,15 @@ def check_delivery(
     stream: str, reader: ReaderLog, acks: dict[bytes, float], bound: float, settle: float = 2.0
 ) -> list[str]:
     """Live means live: a record acknowledged at time A (time.monotonic()) while the reader
-    was tailing (from its first request + ``settle`` on) must reach it by A + ``bound``.
-    A reader that slept through an append (a lost wake-up, a subscription missing after a
-    reconnect) gets it only at its next poll or SSE cycle: much later. Only the worst delay
+    was tailing (from its first up-to-date answer + ``settle`` on) must reach it by A +
+    ``bound``. A reader that slept through an append (a lost wake-up, a subscription
+    missing after a reconnect) gets it only at its next poll or SSE cycle: much later.
+    A reader still catching up (a late one, from the start of a long stream) is reading,
+    not waiting to be woken: its pace is throughput, not liveness. Only the worst delay
     per reader is reported."""
-    if not reader.connects or not reader.arrivals:
+    if not reader.connects or not reader.arrivals or reader.caught_up is None:
         return []
-    since = reader.connects[0][0] + settle
+    since = max(reader.connects[0][0], reader.caught_up) + settle
     sizes = [size for _, size in reader.arrivals]
     worst: tuple[float, bytes, float, float] | None = None
     for offset, rec in parse_records(bytes(reader.received))[0]:

@@ -161,8 +161,13 @@ def test_delivery_delay() -> None:
     log.connects = [(100.0, "g0"), (105.0, "g1")]
     log.arrivals = [(100.1, 4), (103.0, 8), (125.0, 12)]
     acks = {record("a", 0): 99.0, record("a", 1): 102.9, record("a", 2): 110.0}
+    assert check_delivery("s", log, acks, bound=10.0) == []  # never up to date: still catching up
+    log.caught_up = 100.1
     one(check_delivery("s", log, acks, bound=10.0), "'a:2;' 15.0s after", "slept through")
     assert check_delivery("s", log, acks, bound=20.0) == []
+    log.caught_up = 109.0  # caught up only then: 'a:2' came while it still settled, a catch-up
+    assert check_delivery("s", log, acks, bound=10.0) == []
+    log.caught_up = 100.1
     acks[record("a", 2)] = 101.0  # acked before the reader had settled: a catch-up, not a delay
     assert check_delivery("s", log, acks, bound=10.0) == []
 

@@ -211,6 +211,8 @@ async def sse_reader(
                         _note_data(log, bytes(pending))
                         pending.clear()
                         offset = next_offset
+                        if control.get("upToDate") and log.caught_up is None:
+                            log.caught_up = time.monotonic()
                         if control.get("streamClosed"):
                             log.finished = True
                             return
@@ -259,6 +261,8 @@ async def long_poll_reader(
                     _note_data(log, body if r.status == 200 else b"")
                     offset = r.headers["Stream-Next-Offset"]
                     cursor = r.headers.get("Stream-Cursor", cursor)
+                    if r.headers.get("Stream-Up-To-Date") == "true" and log.caught_up is None:
+                        log.caught_up = time.monotonic()
                     if r.headers.get("Stream-Closed", "").lower() == "true":
                         log.finished = True
                     continue
