@@ -22,9 +22,9 @@ from pathlib import Path
 import aiohttp
 import redis.asyncio as aioredis
 
-from gateway import keys
-from gateway.archive import Archive
-from gateway.embedded import EmbeddedRedis
+from gateway.archive.files import Archive
+from gateway.cli.embedded import EmbeddedRedis
+from gateway.storage import keys
 from workers.archiver import Archiver, Policy
 
 from .appends import catch_up, fill

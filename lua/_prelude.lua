@@ -1,6 +1,6 @@
--- _prelude.lua: helpers shared by every script here. gateway/scripts.py puts
--- this text in front of each script before loading it, so helpers are written
--- once. Every script gets the same KEYS, all of one stream (one hash tag;
+-- _prelude.lua: helpers shared by every script here. gateway/storage/scripts.py
+-- puts this text in front of each script before loading it, so helpers are
+-- written once. Every script gets the same KEYS, all of one stream (one hash tag;
 -- append.lua gets them for several streams and binds each in turn):
 --   KEYS[1] meta (hash)   KEYS[2] log (stream)   KEYS[3] producers (hash)
 --   KEYS[4] forks (set)   KEYS[5] notify channel (a name, never stored)
@@ -8,7 +8,7 @@
 -- holding worker's token) and the caller's token as ARGV[1]; all but the
 -- read-only archive_named refuse to act unless the two match (fencing).
 -- Archived data lives in Parquet; its segment list is the sorted set
--- segs_key(inc) (see gateway/archive.py): score = first position, member =
+-- segs_key(inc) (see gateway/archive/segments.py): score = first position, member =
 -- "<from> <to> <first ms> <last ms> <file>"; score -1 marks a file being
 -- written (pending), -2 a replaced file still to delete. Meta field 'arch' is
 -- where the Redis log starts (everything below is in files), 'floor' where
@@ -78,6 +78,31 @@ local function resolve(m, now)
     return 'missing'
   end
   return 'ok'
+end
+
+-- "Open the stream" (every script whose stream must exist starts so): its meta
+-- (nil when missing) and its state, resolved as above.
+local function open_stream(now)
+  local m = load_meta()
+  return m, resolve(m, now)
+end
+
+-- The answer of a script on a live stream: body(m), or {'missing'} / {'gone'}.
+local function with_stream(now, body)
+  local m, status = open_stream(now)
+  if status ~= 'ok' then return {status} end
+  return body(m)
+end
+
+-- Archive scripts: whether the caller's token (ARGV[1]) holds the lease (KEYS[6]).
+local function holds_lease() return redis.call('GET', KEYS[6]) == ARGV[1] end
+
+-- The stream's meta while it exists (soft-deleted included) under incarnation
+-- `inc`; nil once that incarnation is dead (the stream gone or created anew).
+local function incarnation(inc)
+  local m, status = open_stream(now_ms())
+  if status == 'missing' or m.inc ~= inc then return nil end
+  return m
 end
 
 -- Sliding TTL: move the deadline to now + TTL. Reads pass a min_step so a

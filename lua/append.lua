@@ -1,5 +1,5 @@
 -- append.lua: POST. Appends that reached a gateway together
--- (gateway/batching.py), to one or more streams: each checked and applied in
+-- (gateway/storage/appends.py), to one or more streams: each checked and applied in
 -- order exactly as if it came alone (content type, closure, Stream-Seq and
 -- idempotent producer checks), committed together with its data.
 -- KEYS: the five stream keys (_prelude.lua) of each stream, one after another.
@@ -12,7 +12,7 @@
 --   producer seq, entry count k, and the k entries (none = close-only).
 -- Publishes one notice per changed stream on its notify channel:
 --   "<old tail> <new tail> <closed 0|1>", plus for small appends
---   " <len>,<len>,...\n<data><data>..." (gateway/notices.py).
+--   " <len>,<len>,...\n<data><data>..." (gateway/protocol/notices.py).
 -- Each append runs under pcall: an error in one (a corrupt key, a refusal such
 -- as OOM or READONLY at its first write) is that append's result alone; the
 -- batch goes on. Checks come before writes, and Redis refuses a script's writes
@@ -53,11 +53,9 @@ end
 -- Returns the ARGV index after its last append.
 local function append_stream(i)
   local count = tonumber(ARGV[i])
-  local ok, m = pcall(load_meta)
-  local status = m
-  if ok then ok, status = pcall(resolve, m, now) end
-  if status ~= 'ok' then  -- every append of the stream learns of it; skip its arguments
-    local result = ok and {status} or {'error', 'none', error_text(status)}
+  local ok, m, status = pcall(open_stream, now)
+  if not ok or status ~= 'ok' then  -- every append of the stream learns of it; skip its arguments
+    local result = ok and {status} or {'error', 'none', error_text(m)}
     i = i + 1
     for _ = 1, count do
       results[#results + 1] = result

@@ -5,7 +5,6 @@
 -- KEYS: the stream's five (see _prelude.lua), KEYS[6] the lease.
 -- ARGV: 1 lease token, 2 incarnation.
 -- Returns {'live'} | {'dead'} | {'lost'} (the lease is not this worker's).
-if redis.call('GET', KEYS[6]) ~= ARGV[1] then return {'lost'} end
-local m = load_meta()
-if resolve(m, now_ms()) == 'missing' or m.inc ~= ARGV[2] then return {'dead'} end
+if not holds_lease() then return {'lost'} end
+if not incarnation(ARGV[2]) then return {'dead'} end
 return {'live'}

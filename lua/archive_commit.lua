@@ -7,10 +7,9 @@
 --   call whose first reply was lost; the file must stay) | {'missing'} (the
 --   stream or its staging is gone) | {'lost'} (the lease is not this
 --   worker's: another may be redoing the same file; nothing changed).
-if redis.call('GET', KEYS[6]) ~= ARGV[1] then return {'lost'} end
+if not holds_lease() then return {'lost'} end
 local inc, member = ARGV[2], ARGV[3]
-local m = load_meta()
-if resolve(m, now_ms()) == 'missing' or m.inc ~= inc then return {'missing'} end
+if not incarnation(inc) then return {'missing'} end
 local segs = segs_key(inc)
 local score = redis.call('ZSCORE', segs, member)
 if score and tonumber(score) >= 0 then return {'committed'} end

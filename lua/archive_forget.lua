@@ -4,5 +4,5 @@
 -- KEYS: the stream's five (see _prelude.lua), KEYS[6] the lease.
 -- ARGV: 1 lease token, 2 incarnation, 3.. members.
 -- Returns {'ok', number removed} | {'lost'} (the lease is not this worker's).
-if redis.call('GET', KEYS[6]) ~= ARGV[1] then return {'lost'} end
+if not holds_lease() then return {'lost'} end
 return {'ok', redis.call('ZREM', segs_key(ARGV[2]), unpack(ARGV, 3))}

@@ -5,7 +5,7 @@
 -- KEYS: the stream's five (see _prelude.lua), KEYS[6] the lease.
 -- ARGV: 1 lease token, 2 milliseconds to hold it from now (0: release it).
 -- Returns {'ok'} | {'lost'} (the lease expired or is another worker's).
-if redis.call('GET', KEYS[6]) ~= ARGV[1] then return {'lost'} end
+if not holds_lease() then return {'lost'} end
 if tonumber(ARGV[2]) > 0 then
   redis.call('PEXPIRE', KEYS[6], ARGV[2])
 else

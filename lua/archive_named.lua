@@ -7,8 +7,7 @@
 -- ARGV: 1 lease token (unused), 2 incarnation, 3.. files.
 -- Returns the files to keep (none when the incarnation is dead: its stream
 --   is gone, so no read reaches its files).
-local m = load_meta()
-if resolve(m, now_ms()) == 'missing' or m.inc ~= ARGV[2] then return {} end
+if not incarnation(ARGV[2]) then return {} end
 local named = {}
 for _, member in ipairs(redis.call('ZRANGEBYSCORE', segs_key(ARGV[2]), -1, '+inf')) do
   named[string.match(member, '^%S+ %S+ %S+ %S+ (.*)$')] = true

@@ -4,10 +4,9 @@
 -- ARGV: 1 lease token, 2 incarnation, 3 cutoff (ms).
 -- Returns {'ok', {dropped members}} (now garbage, score -2, for the worker to
 --   delete) | {'lost'} (the lease is not this worker's).
-if redis.call('GET', KEYS[6]) ~= ARGV[1] then return {'lost'} end
+if not holds_lease() then return {'lost'} end
 local inc, cutoff = ARGV[2], tonumber(ARGV[3])
-local m = load_meta()
-if resolve(m, now_ms()) == 'missing' or m.inc ~= inc then return {'ok', {}} end
+if not incarnation(inc) then return {'ok', {}} end
 local segs = segs_key(inc)
 local dropped = {}
 for _, member in ipairs(redis.call('ZRANGEBYSCORE', segs, 0, '+inf')) do

@@ -9,10 +9,10 @@
 -- Returns {'ok'} | {'busy', pending member} | {'moved'} (state changed under
 --   the worker: plan again) | {'missing'} | {'lost'} (the lease is not this
 --   worker's).
-if redis.call('GET', KEYS[6]) ~= ARGV[1] then return {'lost'} end
+if not holds_lease() then return {'lost'} end
 local inc, from, to = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
-local m = load_meta()
-if resolve(m, now_ms()) == 'missing' then return {'missing'} end
+local m, status = open_stream(now_ms())
+if status == 'missing' then return {'missing'} end
 if m.inc and m.inc ~= inc then return {'moved'} end
 local segs = segs_key(inc)
 local pending = redis.call('ZRANGEBYSCORE', segs, -1, -1)[1]

@@ -11,8 +11,7 @@
 local ct, ctn, ttl, exp_at, expires, closed = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local src, fork_off, fork_sub, base, chain = ARGV[7], ARGV[8], ARGV[10], ARGV[11], ARGV[12]
 local now = now_ms()
-local m = load_meta()
-local status = resolve(m, now)
+local m, status = open_stream(now)
 if status == 'gone' then return {'conflict', m.src or ''} end
 if status == 'ok' then
   local same = m.ctn == ctn and (m.ttl or '') == ttl and (m.expires or '') == expires

@@ -1,15 +1,13 @@
 -- delete.lua: DELETE. Removes the stream, or soft-deletes it while forks
 -- still read its data (reads of its own URL then answer 410).
 -- Returns {'deleted', source id or ''} | {'soft'} | {'missing'} | {'gone'}.
-local now = now_ms()
-local m = load_meta()
-local status = resolve(m, now)
-if status ~= 'ok' then return {status} end
-redis.call('PUBLISH', CHANNEL, 'deleted')
-if redis.call('SCARD', FORKS) > 0 then
-  redis.call('HSET', META, 'deleted', '1')
-  apply_expiry(m)
-  return {'soft'}
-end
-drop()
-return {'deleted', m.src or ''}
+return with_stream(now_ms(), function(m)
+  redis.call('PUBLISH', CHANNEL, 'deleted')
+  if redis.call('SCARD', FORKS) > 0 then
+    redis.call('HSET', META, 'deleted', '1')
+    apply_expiry(m)
+    return {'soft'}
+  end
+  drop()
+  return {'deleted', m.src or ''}
+end)

@@ -2,10 +2,8 @@
 -- the fork (a set, so retries count once) and pins the source's data.
 -- ARGV: 1 the fork's id.
 -- Returns {'ok', source meta} | {'missing'} | {'gone'}.
-local now = now_ms()
-local m = load_meta()
-local status = resolve(m, now)
-if status ~= 'ok' then return {status} end
-redis.call('SADD', FORKS, ARGV[1])
-apply_expiry(m)
-return {'ok', flat(m)}
+return with_stream(now_ms(), function(m)
+  redis.call('SADD', FORKS, ARGV[1])
+  apply_expiry(m)
+  return {'ok', flat(m)}
+end)

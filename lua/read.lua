@@ -9,15 +9,14 @@
 --   read_from) | {'missing'} | {'gone'}.
 local start, budget, inline = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[4])
 local now = now_ms()
-local m = load_meta()
-local status = resolve(m, now)
-if status ~= 'ok' then return {status} end
-if ARGV[3] == '1' then touch(m, now, math.min(1000, tonumber(m.ttl or 0) * 50)) end
-local found = {{}, ''}
-if start >= 0 then
-  local from = math.max(start, tonumber(m.base))
-  if from < tonumber(m.tail) then
-    found = read_from(m, from, nil, budget, m.ctn == 'application/json', tonumber(ARGV[5]), inline)
+return with_stream(now, function(m)
+  if ARGV[3] == '1' then touch(m, now, math.min(1000, tonumber(m.ttl or 0) * 50)) end
+  local found = {{}, ''}
+  if start >= 0 then
+    local from = math.max(start, tonumber(m.base))
+    if from < tonumber(m.tail) then
+      found = read_from(m, from, nil, budget, m.ctn == 'application/json', tonumber(ARGV[5]), inline)
+    end
   end
-end
-return {'ok', flat(m), found[1], found[2], found[3]}
+  return {'ok', flat(m), found[1], found[2], found[3]}
+end)

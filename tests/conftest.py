@@ -22,9 +22,9 @@ import pytest
 import redis.asyncio as aioredis
 from aiohttp.test_utils import TestServer
 
-from gateway.app import create_app
+from gateway.cli.embedded import EmbeddedRedis, find_redis_server
 from gateway.config import Settings
-from gateway.embedded import EmbeddedRedis, find_redis_server
+from gateway.http.app import create_app
 
 
 def free_port() -> int:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The test command: sets up what it needs, then lint, the official
-# conformance suite, and pytest. Usage: bash tests/run.sh [pytest args]
+# The test command: sets up what it needs, then lint (ruff, the import contracts,
+# mypy), the official conformance suite, and pytest. Usage: bash tests/run.sh [pytest args]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,6 +10,10 @@ python3 -m venv .venv 2>/dev/null || true
 
 echo "== ruff"
 .venv/bin/ruff check gateway workers tests loadtest
+echo "== import-linter (the layering contracts in pyproject.toml)"
+.venv/bin/lint-imports
+echo "== mypy"
+.venv/bin/mypy
 
 echo "== conformance suite (@durable-streams/server-conformance-tests)"
 .venv/bin/python tests/conformance/run.py

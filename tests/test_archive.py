@@ -26,9 +26,12 @@ import pyarrow.parquet as pq
 import pytest
 import redis.asyncio as aioredis
 
-from gateway import keys, offsets
-from gateway.archive import Archive, ColdReader, Row, to_table
-from gateway.segments import Segment, file_name
+from gateway.archive.cold import ColdReader
+from gateway.archive.files import Archive
+from gateway.archive.schema import Row, to_table
+from gateway.archive.segments import Segment, file_name
+from gateway.protocol import offsets
+from gateway.storage import keys
 from workers.archiver import Archiver, Policy
 
 from .conftest import free_port

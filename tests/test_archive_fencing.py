@@ -29,9 +29,11 @@ import pytest
 import redis.asyncio as aioredis
 import yarl
 
-from gateway import keys, offsets
-from gateway.archive import Archive, Row, to_table
-from gateway.segments import Segment, file_name
+from gateway.archive.files import Archive
+from gateway.archive.schema import Row, to_table
+from gateway.archive.segments import Segment, file_name
+from gateway.protocol import offsets
+from gateway.storage import keys
 from workers.archiver import Archiver, Lease
 
 from .conftest import start_gateway

@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from gateway import keys
+from gateway.storage import keys
 
 from .conftest import read_all
 

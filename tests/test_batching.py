@@ -7,8 +7,8 @@ import time
 
 import aiohttp
 
-from gateway import keys
-from gateway.batching import Batcher
+from gateway.concurrency.batching import Batcher
+from gateway.storage import keys
 
 from .test_live import evalsha_calls, read_sse
 
@@ -112,7 +112,7 @@ async def test_concurrent_appends_share_calls_and_keep_every_rule(http, url, red
 async def test_shared_reads_never_go_back_in_time() -> None:
     """A read that started before a caller's moment is not handed to that caller
     (it could miss an append the caller already knows was acknowledged)."""
-    from gateway.singleflight import SingleFlight
+    from gateway.concurrency.singleflight import SingleFlight
 
     flights: SingleFlight[str] = SingleFlight()
     gate = asyncio.Event()

@@ -23,12 +23,13 @@ from aiohttp import web
 from aiohttp.client_exceptions import ClientConnectionResetError
 from aiohttp.test_utils import make_mocked_request
 
-from gateway import keys, offsets
-from gateway.app import GATEWAY, endpoint
-from gateway.bodies import BodyBudget
 from gateway.config import Settings
-from gateway.context import Gateway
-from gateway.store import MAX_FORK_DEPTH, MAX_READ_ENTRIES, MAX_SCRIPT_ENTRIES
+from gateway.http.app import GATEWAY, endpoint
+from gateway.http.bodies import BodyBudget
+from gateway.http.context import Gateway
+from gateway.protocol import offsets
+from gateway.storage import keys
+from gateway.storage.limits import MAX_FORK_DEPTH, MAX_READ_ENTRIES, MAX_SCRIPT_ENTRIES
 
 from .conftest import free_port, start_gateway
 

@@ -12,7 +12,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.embedded import find_redis_server
+from gateway.cli.embedded import find_redis_server
 
 from .conftest import free_port, wait_ready
 

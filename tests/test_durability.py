@@ -37,8 +37,8 @@ import aiohttp
 import pytest
 import redis
 
-from gateway.durability import assess
-from gateway.embedded import EmbeddedRedis, find_redis_server
+from gateway.cli.embedded import EmbeddedRedis, find_redis_server
+from gateway.storage.durability import assess
 
 from .conftest import free_port, read_all, start_gateway, wait_ready
 

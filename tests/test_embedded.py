@@ -21,9 +21,9 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
-from gateway.app import create_app
+from gateway.cli.embedded import EmbeddedRedis, find_redis_server
 from gateway.config import Settings
-from gateway.embedded import EmbeddedRedis, find_redis_server
+from gateway.http.app import create_app
 
 from .conftest import free_port, own_redis_server, read_all
 
@@ -268,7 +268,7 @@ def test_supervisor_restarts_then_gives_up(tmp_path: Path) -> None:
 
     import redis
 
-    from gateway.embedded import Supervisor
+    from gateway.cli.embedded import Supervisor
 
     server = EmbeddedRedis(tmp_path / "data")
     server.start()

@@ -16,8 +16,9 @@ from collections.abc import Awaitable
 import aiohttp
 import redis.asyncio as aioredis
 
-from gateway import keys
-from gateway.fanout import Fanout, Watch
+from gateway.storage import keys
+from gateway.storage.channels import Watch
+from gateway.storage.fanout import Fanout
 
 from .conftest import own_redis_server, start_gateway
 from .test_live import read_sse
@@ -208,3 +209,32 @@ async def test_a_reader_arriving_as_its_channel_is_dropped_still_wakes(redis_url
     finally:
         await fanout.close()
         await redis.aclose()
+
+
+async def test_a_deleted_notice_wakes_parked_readers() -> None:
+    """``deleted`` (and any unparsable notice) carries no data: a parked reader's task
+    wakes and reads for itself. (It once reached ``notices.stitch`` as None, raised in
+    the listener, and cost every reader of the process a pub/sub reconnect.)"""
+    from gateway.protocol import notices
+    from gateway.storage.channels import Channel
+
+    class Sink:
+        position, closed, key = 5, False, "k"
+
+        def frame(self, delivery: notices.Delivery) -> bytes:
+            return b"frame"
+
+        def writable(self) -> bool:
+            return True
+
+        def write(self, frame: bytes) -> None:
+            raise AssertionError("nothing to write for a deleted stream")
+
+    channel = Channel(asyncio.get_running_loop().create_future())
+    parked, plain = asyncio.Event(), asyncio.Event()
+    channel.waiters |= {parked, plain}
+    channel.parked[parked] = Sink()
+    channel.deliver([notices.parse(b"deleted")])
+    assert parked.is_set() and plain.is_set()
+    small = notices.parse(b"5 7 0 2\nab")
+    assert notices.stitch([small, None], 5) is None and notices.stitch([small], 5) is not None

@@ -187,7 +187,11 @@ def test_the_image_entrypoint_runs_from_the_wheel(tmp_path, redis_url) -> None:
                     str(tmp_path / "wheels"), str(ROOT)], check=True)  # fmt: skip
     (wheel,) = (tmp_path / "wheels").glob("durable_streams_redis-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    assert "gateway/lua/append.lua" in names and "workers/archiver.py" in names and "gateway/app.py" in names
+    assert "durable_streams_lua/append.lua" in names and "durable_streams_lua/_prelude.lua" in names
+    assert "workers/archiver.py" in names and "gateway/http/app.py" in names
+    inits = {str(init.relative_to(ROOT)) for init in ROOT.glob("gateway/**/__init__.py")}
+    assert inits <= set(names), f"packages missing from the wheel: {inits - set(names)}"
+    assert any(".dist-info/entry_points.txt" in name for name in names)
     # A venv of its own holding the wheel; the dependencies come from this test run's
     # environment through a .pth line (which does not bring the repository's editable install).
     venv = tmp_path / "venv"

@@ -9,7 +9,7 @@ import uuid
 import aiohttp
 import pytest
 
-from gateway import offsets
+from gateway.protocol import offsets
 
 from .conftest import start_gateway
 

@@ -15,7 +15,7 @@ import signal
 import aiohttp
 import redis.asyncio as aioredis
 
-from gateway.embedded import EmbeddedRedis
+from gateway.cli.embedded import EmbeddedRedis
 
 from .conftest import start_gateway
 

@@ -1,4 +1,4 @@
-"""Large reads skip Lua's copy (read_from's 'bulk' answer, Store._bulk): same bytes,
+"""Large reads skip Lua's copy (read_from's 'bulk' answer, Reads.bulk): same bytes,
 same headers, and a safe fallback when the log changes between the two calls."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import uuid
 import aiohttp
 import redis.asyncio as aioredis
 
-from gateway import keys
-from gateway.app import GATEWAY
+from gateway.http.app import GATEWAY
+from gateway.storage import keys
 
 from .conftest import start_gateway
 
@@ -78,7 +78,7 @@ async def test_bulk_reads_answer_exactly_what_inline_reads_do(redis_url: str, ht
 
 async def test_bulk_read_declines_when_the_log_changed(redis_url: str, http, redis: aioredis.Redis) -> None:
     """Between the script and the XRANGE the log may be trimmed (archived) or the stream
-    deleted and created again: _bulk then answers None and the caller asks the script."""
+    deleted and created again: bulk then answers None and the caller asks the script."""
     server = await start_gateway(redis_url, max_chunk_bytes=1000, read_inline_bytes=0)
     try:
         store = server.app[GATEWAY].store
@@ -90,13 +90,13 @@ async def test_bulk_read_declines_when_the_log_changed(redis_url: str, http, red
             await http.post(url, data=piece, headers=kind)
         sid = keys.stream_id(name)
         meta = await store.head(sid)
-        assert await store._bulk(sid, 1, 10, meta.created) == [(1, b"bc"), (3, b"defg"), (7, b"hij")]
-        assert await store._bulk(sid, 4, 6, meta.created) == [(4, b"ef")]
-        assert await store._bulk(sid, 0, 10, "another incarnation") is None
-        assert await store._bulk(sid, 0, 11, meta.created) is None  # past the log's end
+        assert await store.reads.bulk(sid, 1, 10, meta.created) == [(1, b"bc"), (3, b"defg"), (7, b"hij")]
+        assert await store.reads.bulk(sid, 4, 6, meta.created) == [(4, b"ef")]
+        assert await store.reads.bulk(sid, 0, 10, "another incarnation") is None
+        assert await store.reads.bulk(sid, 0, 11, meta.created) is None  # past the log's end
         # What an archive commit does to the log:
         await redis.xtrim(keys.stream_keys(sid)[1], minid="3-1", approximate=False)
-        assert await store._bulk(sid, 0, 10, meta.created) is None
-        assert await store._bulk(sid, 3, 10, meta.created) == [(3, b"defg"), (7, b"hij")]
+        assert await store.reads.bulk(sid, 0, 10, meta.created) is None
+        assert await store.reads.bulk(sid, 3, 10, meta.created) == [(3, b"defg"), (7, b"hij")]
     finally:
         await server.close()

@@ -8,7 +8,7 @@ import pytest
 import redis.asyncio as aioredis
 from redis.asyncio.connection import Connection, UnixDomainSocketConnection
 
-from gateway import redis_client
+from gateway.storage import client as redis_client
 
 
 @pytest.mark.parametrize(

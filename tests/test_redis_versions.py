@@ -8,8 +8,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from gateway import offsets
-from gateway.embedded import EmbeddedRedis
+from gateway.cli.embedded import EmbeddedRedis
+from gateway.protocol import offsets
 
 from .conftest import own_redis_server, start_gateway
 

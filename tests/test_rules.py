@@ -7,9 +7,10 @@ import random
 
 import pytest
 
-from gateway import caching, cursor, durability, keys, notices, offsets, sse
-from gateway.errors import ProtocolError
-from gateway.headers import (
+from gateway.archive.segments import Segment, bucket_of, file_name, take
+from gateway.protocol import caching, cursor, notices, offsets, sse
+from gateway.protocol.errors import ProtocolError
+from gateway.protocol.headers import (
     is_text,
     is_true,
     parse_decimal,
@@ -18,8 +19,8 @@ from gateway.headers import (
     parse_producer,
     validate_content_type,
 )
-from gateway.jsonmode import body_entries, split_messages, to_array
-from gateway.segments import Segment, bucket_of, file_name, take
+from gateway.protocol.jsonmode import body_entries, split_messages, to_array
+from gateway.storage import durability, keys
 
 
 class TestOffsets:
@@ -193,7 +194,7 @@ class TestKeys:
         assert keys.split_segments_key(keys.segments(sid, "abc123")) == (sid, "abc123")
 
     def test_stream_paths_refuse_control_characters_only(self) -> None:
-        from gateway.handlers import stream_name
+        from gateway.http.handlers import stream_name
 
         for good in ("a", "tenant/doc-1/é/日本", "x" * 100, "a b", "~!@$&*()"):
             assert stream_name(good, 1024) == good

@@ -11,8 +11,8 @@ import uuid
 import pytest
 import redis.asyncio as aioredis
 
-from gateway import keys
-from gateway.archive import Archive
+from gateway.archive.files import Archive
+from gateway.storage import keys
 from workers.archiver import Archiver, Policy
 
 pyspark = pytest.importorskip("pyspark", reason="pyspark is in the [test] extra")

@@ -8,7 +8,8 @@ import asyncio
 import aiohttp
 import redis.asyncio as aioredis
 
-from gateway import keys, offsets
+from gateway.protocol import offsets
+from gateway.storage import keys
 
 TEXT = {"Content-Type": "text/plain"}
 JSON = {"Content-Type": "application/json"}

@@ -4,8 +4,8 @@
     python -m workers.analytics --archive s3a://bucket/prefix --out ./report
 
 The archive is Hive-partitioned (``date=YYYY-MM-DD/bucket=NN/``), so a filter
-on ``date`` (or on ``bucket``, see gateway/segments.bucket_of) skips whole
-directories. Rows follow gateway/archive.SCHEMA; (stream, incarnation,
+on ``date`` (or on ``bucket``, see gateway/archive/segments.bucket_of) skips whole
+directories. Rows follow gateway/archive/schema.SCHEMA; (stream, incarnation,
 position) is the key. For a moment a file can be on disk twice (a small file
 being merged into a bigger one, a crashed worker's file awaiting its retry),
 so the job keeps one row per key.

@@ -23,7 +23,7 @@ SIGSTOP, a slow PUT) changes nothing there; it notices, stops the round, and
 deletes a file it wrote only if ``archive_named.lua`` says no committed or
 staged segment of a live incarnation names it. Every file delete asks that.
 
-Work is found through hints (``gateway/hints.py``) and a periodic
+Work is found through hints (``gateway/storage/hints.py``) and a periodic
 reconciliation (one worker at a time) that also removes the files of deleted
 and expired streams, found through the index ``keys.ARCHIVE_SEGSETS``.
 """
@@ -39,21 +39,31 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 from redis.asyncio import Redis
 
-from gateway import keys, metrics, offsets
-from gateway.archive import Archive, Row, to_table
+from gateway.archive.files import Archive
+from gateway.archive.schema import Row, to_table
+from gateway.archive.segments import GARBAGE, PENDING, Segment, file_name, utc_date
 from gateway.config import Settings
-from gateway.scripts import Scripts
-from gateway.segments import GARBAGE, PENDING, Segment, file_name, utc_date
+from gateway.protocol import offsets
+from gateway.storage import keys
+from gateway.storage.scripts import Scripts
+from gateway.telemetry import metrics
 
 log = logging.getLogger("durable_streams.archive")
 PAGE = 1000  # log entries per XRANGE
 ALIVE_MS = 60_000  # how long one announcement keeps gateways sending hints
 FORGET_BATCH = 500  # members per archive_forget call (Lua's unpack has a limit)
+
+
+# redis-py types a reply as the union of every form its options allow; with this
+# worker's options (no decode_responses) each reply used below is one of these.
+Members = list[bytes]
+ScoredMembers = list[tuple[bytes, float]]
+LogPage = list[tuple[bytes, dict[bytes, bytes]]]
 
 
 def now_ms() -> int:
@@ -157,7 +167,7 @@ class Archiver:
     # -- the loop -----------------------------------------------------------
 
     async def announce(self) -> None:
-        """Tell gateways a worker is alive, so they send hints (gateway/hints.py). Done
+        """Tell gateways a worker is alive, so they send hints (gateway/storage/hints.py). Done
         before a worker's first pass, which reconciles: that finds whatever was
         written while no worker (so no hint) was around."""
         await self.redis.set(keys.ARCHIVE_WORKER_ALIVE, self.name, px=ALIVE_MS)
@@ -200,7 +210,9 @@ class Archiver:
     async def work_once(self, limit: int = 64) -> int:
         """Archive the streams whose hints are due; returns how many were taken."""
         now = now_ms()
-        due = await self.redis.zrangebyscore(keys.ARCHIVE_HINTS, "-inf", now, start=0, num=limit)
+        due = cast(
+            Members, await self.redis.zrangebyscore(keys.ARCHIVE_HINTS, "-inf", now, start=0, num=limit)
+        )
         await self._report_backlog(now)
         taken = 0
         for raw in due:
@@ -216,7 +228,7 @@ class Archiver:
         return taken
 
     async def _report_backlog(self, now: int) -> None:
-        oldest = await self.redis.zrange(keys.ARCHIVE_HINTS, 0, 0, withscores=True)
+        oldest = cast(ScoredMembers, await self.redis.zrange(keys.ARCHIVE_HINTS, 0, 0, withscores=True))
         waited = max(0.0, (now - oldest[0][1]) / 1000) if oldest else 0.0
         metrics.ARCHIVE_LAG.labels(self.name).set(waited)
         metrics.ARCHIVE_DUE.labels(self.name).set(await self.redis.zcount(keys.ARCHIVE_HINTS, "-inf", now))
@@ -292,7 +304,9 @@ class Archiver:
             return False
         meta = {_text(k): _text(v) for k, v in raw.items()}
         inc = meta.get("inc") or uuid.uuid4().hex[:16]
-        members = await self.redis.zrange(keys.segments(sid, inc), 0, -1, withscores=True)
+        members = cast(
+            ScoredMembers, await self.redis.zrange(keys.segments(sid, inc), 0, -1, withscores=True)
+        )
         garbage = [Segment.parse(m) for m, score in members if score == GARBAGE]
         pending = [Segment.parse(m) for m, score in members if score == PENDING]
         committed = [Segment.parse(m) for m, score in members if score >= 0]
@@ -371,8 +385,9 @@ class Archiver:
             rows = [row async for row in self._log(lease, start, segment.end)]
         parts: list[pa.Table] = []
         if segment.start < start:  # merging: the last file's rows come first
-            replaced = await self.redis.zrangebyscore(
-                keys.segments(sid, inc), segment.start, segment.start, start=0, num=1
+            at = segment.start
+            replaced = cast(
+                Members, await self.redis.zrangebyscore(keys.segments(sid, inc), at, at, start=0, num=1)
             )
             old = Segment.parse(replaced[0])
             parts.append(await asyncio.to_thread(self.archive.read, old.file))
@@ -404,7 +419,7 @@ class Archiver:
         """The log's entries from ``start`` (to ``end``, exclusive), read a page at a time."""
         cursor, last = offsets.entry_id(start), "+" if end is None else "(" + offsets.entry_id(end)
         stream = keys.stream_keys(lease.sid)[1]
-        while page := await self.redis.xrange(stream, min=cursor, max=last, count=PAGE):
+        while page := cast(LogPage, await self.redis.xrange(stream, min=cursor, max=last, count=PAGE)):
             lease.check()  # a long read: stop early once the lease is gone
             for entry_id, fields in page:
                 yield _row(entry_id, fields)
@@ -527,7 +542,7 @@ class Archiver:
                 return
             if _text((await self._fenced("archive_check", lease, inc))[0]) != "dead":
                 return
-            members = await self.redis.zrange(key, 0, -1)
+            members = cast(Members, await self.redis.zrange(key, 0, -1))
             await self._remove(lease, inc, [Segment.parse(m) for m in members])
             if members:
                 log.info("removed the archive of %s (%d files)", keys.path_of(sid), len(members))

@@ -19,7 +19,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from gateway.embedded import EmbeddedRedis
+from gateway.cli.embedded import EmbeddedRedis
 
 from ..conftest import free_port
 

@@ -38,7 +38,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from gateway.embedded import find_redis_server
+from gateway.cli.embedded import find_redis_server
 
 from . import harness, rawhttp
 from .conftest import Summary
@@ -488,11 +488,11 @@ class Battery:
 
 
 def lane_streams(count: int) -> list[str]:
-    """Stream names covering every append lane (see gateway/store.py), so a bad append
+    """Stream names covering every append lane (see gateway/storage/appends.py), so a bad append
     always shares its lane, and so its batches, with legitimate ones."""
     try:
-        from gateway import keys
-        from gateway.store import APPEND_LANES
+        from gateway.storage import keys
+        from gateway.storage.limits import APPEND_LANES
     except ImportError:  # names only: any layout still gets `count` streams
         return [f"legit-{i}" for i in range(count)]
     names: list[str] = []

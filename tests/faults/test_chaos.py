@@ -52,7 +52,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from gateway.embedded import find_redis_server
+from gateway.cli.embedded import find_redis_server
 
 from . import harness
 from .conftest import Summary

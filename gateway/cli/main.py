@@ -1,0 +1,154 @@
+"""The ``durable-streams`` command: ``serve`` here, more subcommands from the
+``durable_streams.commands`` entry point group (``archive``: workers/commands.py)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import math
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from importlib.metadata import entry_points
+
+from aiohttp import web
+
+from .. import __version__, config
+from .embedded import EmbeddedRedis, Supervisor
+
+# Entry point group of further subcommands: each entry names a function that adds
+# its subparser to the ``commands`` given, with ``run`` (a function of Settings) as
+# its default. The archive worker's ``archive`` comes this way (workers/commands.py).
+COMMANDS = "durable_streams.commands"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="durable-streams",
+        description="A Redis-backed, horizontally scaled Durable Streams server.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    serve_parser = commands.add_parser(
+        "serve",
+        help="run the HTTP gateway",
+        description="Serve the Durable Streams protocol over HTTP, with all state in Redis. "
+        "Without --redis-url an embedded redis-server is started in --data-dir and stopped on exit.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    config.add_arguments(serve_parser, config.serve_settings())
+    serve_parser.set_defaults(run=serve)
+    registered = {entry.name: entry for entry in entry_points(group=COMMANDS)}  # one per name
+    for name in sorted(registered):
+        registered[name].load()(commands)
+    return parser
+
+
+def install_uvloop() -> None:
+    try:
+        import uvloop
+    except ImportError:
+        return
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+def serve(settings: config.Settings) -> None:
+    log = logging.getLogger("durable_streams")
+    supervisor = None
+    redis_url = settings.redis_url
+    if not redis_url:
+        embedded = EmbeddedRedis(settings.data_dir)
+        embedded.start()
+        redis_url = embedded.url
+        log.info("embedded redis-server (%s) in %s", embedded.binary, embedded.data_dir)
+        # It restarts a dead Redis; when it gives up it stops this process (gracefully,
+        # as SIGTERM does, gunicorn's workers included), which then exits non-zero below.
+        supervisor = Supervisor(embedded, lambda _: os.kill(os.getpid(), signal.SIGTERM))
+        supervisor.start()
+    try:
+        if settings.workers > 1:
+            _run_gunicorn(settings, redis_url, embedded=supervisor is not None)
+            return
+        from ..http.app import create_app
+
+        install_uvloop()
+        app = create_app(settings, redis_url, embedded=supervisor is not None)
+        web.run_app(
+            app,
+            host=settings.host,
+            port=settings.port,
+            print=lambda *_: log.info(
+                "serving on http://%s:%s%s/", settings.host, settings.port, settings.prefix.rstrip("/")
+            ),
+            access_log=None,
+            shutdown_timeout=settings.shutdown_seconds,
+            keepalive_timeout=settings.keepalive_seconds,  # also bounds an unfinished request head
+        )
+    finally:
+        # gunicorn workers are forks that leave through here too: only the process
+        # that started Redis stops it (Supervisor.stop does nothing elsewhere).
+        if supervisor is not None and os.getpid() == supervisor.redis.owner:
+            supervisor.stop()
+            if supervisor.failure:
+                raise RuntimeError(supervisor.failure)
+
+
+def _run_gunicorn(settings: config.Settings, redis_url: str, embedded: bool = False) -> None:
+    """N worker processes on one port, configured by ``gateway/cli/gunicorn_conf.py``."""
+    from gunicorn.app.base import BaseApplication
+
+    from . import gunicorn_conf
+
+    # Workers' metrics add up through files here (gateway/telemetry/metrics.py); set before
+    # anything imports prometheus-client, which reads it once.
+    own_dir = None
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        own_dir = os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="durable-streams-metrics-")
+    from ..http.app import create_app  # after the variable: prometheus-client reads it at import
+
+    class Gateway(BaseApplication):
+        def load_config(self) -> None:
+            for name in ("worker_class", "graceful_timeout", "timeout", "keepalive", "accesslog",
+                         "on_starting", "child_exit"):  # fmt: skip
+                self.cfg.set(name, getattr(gunicorn_conf, name))
+            self.cfg.set("graceful_timeout", math.ceil(settings.shutdown_seconds))  # gunicorn: whole seconds
+            self.cfg.set("keepalive", math.ceil(settings.keepalive_seconds))
+            self.cfg.set("bind", f"{settings.host}:{settings.port}")
+            self.cfg.set("workers", settings.workers)
+            self.cfg.set("loglevel", settings.log_level)
+
+        def load(self):  # workers are forked: the settings travel with them
+            async def factory() -> web.Application:
+                return create_app(settings, redis_url, embedded=embedded)
+
+            return factory
+
+    master = os.getpid()
+    try:
+        Gateway().run()
+    finally:
+        if own_dir and os.getpid() == master:  # not when a worker (a fork) leaves through here
+            shutil.rmtree(own_dir, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):  # e.g. /tmp/metrics in the image: may not exist yet
+        os.makedirs(os.environ["PROMETHEUS_MULTIPROC_DIR"], exist_ok=True)
+    settings = config.from_namespace(args)
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        args.run(settings)
+    except RuntimeError as exc:
+        print(f"durable-streams: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,7 @@
+"""Sharing work between concurrent coroutines, without I/O of its own.
+
+``batching.py`` (group commit: calls that arrive while one runs go together in
+the next) and ``singleflight.py`` (identical concurrent calls share one run).
+Used by storage (batched appends, shared live reads) and by the archive's
+cold reader (shared file loads).
+"""

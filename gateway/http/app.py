@@ -1,0 +1,232 @@
+"""The aiohttp application: routes, the wrapper every request goes through (errors,
+security headers, metrics), health endpoints, and the Redis lifecycle."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+
+import redis.asyncio as aioredis
+import redis.exceptions
+from aiohttp import web
+from multidict import CIMultiDict
+
+from ..archive.cold import ColdReader
+from ..archive.files import Archive
+from ..config import Settings, from_env
+from ..protocol.errors import ProtocolError
+from ..protocol.responses import SECURITY
+from ..storage import client as redis_client
+from ..storage import durability
+from ..storage.fanout import Fanout
+from ..storage.outcomes import UNAVAILABLE
+from ..storage.store import Store
+from ..telemetry import metrics
+from ..telemetry.logs import QUIET_MALFORMED, RateLimited
+from . import handlers
+from .bodies import BodyBudget
+from .context import GATEWAY, Gateway
+
+log = logging.getLogger(__name__)
+limited = RateLimited(log)
+CLEANUP_STEP_SECONDS = 5.0  # each shutdown step; none may hold a shutdown past its grace period
+HINTS_TASK = web.AppKey("hints_task", asyncio.Task)
+EMBEDDED_REDIS = web.AppKey("embedded_redis", str)  # the URL of the Redis this server runs itself
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _error_response(request: web.Request, exc: Exception) -> web.Response:
+    """ProtocolError → its status (not logged: the client's mistake, or said to it);
+    Redis unreachable or refusing → 503; anything else is a bug → 500. Logged one line
+    per kind at most every few seconds, so a flood of bad requests is no flood of logs."""
+    if isinstance(exc, ProtocolError):
+        return web.Response(status=exc.status, text=exc.message + "\n", headers=exc.headers)
+    if isinstance(exc, UNAVAILABLE):
+        limited.log(logging.WARNING, "unavailable", "redis unavailable: %s", exc)
+        return web.Response(status=503, text="storage unavailable, retry\n", headers={"Retry-After": "1"})
+    if isinstance(exc, redis.exceptions.ResponseError):  # e.g. OOM at maxmemory: Redis refused the write
+        limited.log(logging.WARNING, "refused", "redis refused a command: %s", exc)
+        return web.Response(status=503, text="storage refused the request\n", headers={"Retry-After": "5"})
+    if isinstance(exc, ConnectionError):  # the client left (e.g. before SSE headers went out): nobody to tell
+        return web.Response(status=499, text="client closed the connection\n")
+    limited.log(logging.ERROR, type(exc).__name__, "%s %s failed", request.method, request.path, exc_info=exc)
+    return web.Response(status=500, text="internal error\n")
+
+
+def _stream_route(request: web.Request) -> str:
+    """A low-cardinality name for the metrics: never the stream path."""
+    mode = request.query.get("live") if request.method == "GET" else None
+    return f"stream-{mode}" if mode in ("sse", "long-poll") else "stream"
+
+
+def _secure(headers: CIMultiDict[str]) -> None:
+    """CORS and browser-safety headers on every answer (unless a handler chose its own)."""
+    for name, value in SECURITY.items():
+        headers.setdefault(name, value)
+
+
+def endpoint(handler: Handler, route: str | Callable[[web.Request], str]) -> Handler:
+    """A route's handler with what every request gets: errors answered (never a bare 500
+    page), security headers, and the request metrics.
+
+    One wrapper per route rather than aiohttp middlewares and an on_response_prepare
+    signal: each middleware layer costs every request a coroutine and a partial, the
+    signal one more coroutine, which shows at 10k appends/s (README, Performance).
+    """
+
+    async def guarded(request: web.Request) -> web.StreamResponse:
+        started, status = time.perf_counter(), 500
+        try:
+            try:
+                response = await handler(request)
+            except Exception as exc:
+                response = _error_response(request, exc)
+            status = response.status
+            if not response.prepared:  # an event stream sent its own headers already
+                _secure(response.headers)
+            return response
+        except web.HTTPException as exc:  # aiohttp's own answers, e.g. 413 from request.read()
+            status = exc.status
+            _secure(exc.headers)
+            raise
+        finally:
+            request.app[GATEWAY].bodies.release(request)
+            name = route if isinstance(route, str) else route(request)
+            metrics.observe_request(name, request.method, status, time.perf_counter() - started)
+
+    return guarded
+
+
+def _method_not_allowed(allowed: list[str]) -> Handler:
+    async def answer(request: web.Request) -> web.Response:
+        return web.Response(status=405, text="method not allowed\n", headers={"Allow": ", ".join(allowed)})
+
+    return answer
+
+
+async def _not_found(request: web.Request) -> web.Response:
+    return web.Response(status=404, text="not found\n")
+
+
+def _add_routes(
+    app: web.Application,
+    path: str,
+    route: str | Callable[[web.Request], str],
+    handlers: Mapping[str, Handler],
+) -> None:
+    """``handlers`` by method on ``path``, and a 405 for any other method, all through ``endpoint``."""
+    for method, handler in handlers.items():
+        app.router.add_route(method, path, endpoint(handler, route))
+    app.router.add_route("*", path, endpoint(_method_not_allowed(list(handlers)), route))
+
+
+async def metrics_page(request: web.Request) -> web.Response:
+    body, content_type = metrics.render()
+    return web.Response(body=body, headers={"Content-Type": content_type})
+
+
+async def healthz(request: web.Request) -> web.Response:
+    """Liveness. With the embedded Redis (``durable-streams serve`` without --redis-url,
+    which restarts it when it dies) also that Redis: 503 while it is down, on a
+    connection of its own (not queued behind the pool). With an external Redis,
+    liveness does not depend on Redis (an outage must not restart every gateway):
+    /readyz reports it."""
+    url = request.app.get(EMBEDDED_REDIS)
+    if url:
+        client = aioredis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+        try:
+            await client.ping()
+        except Exception as exc:
+            return web.Response(status=503, text=f"embedded redis down: {exc}\n")
+        finally:
+            await client.aclose()
+    return web.Response(text="ok\n")
+
+
+async def readyz(request: web.Request) -> web.Response:
+    gw = request.app[GATEWAY]
+    try:
+        await gw.store.redis.ping()
+        loaded = await gw.store.redis.script_exists(*gw.store.scripts.shas())
+    except Exception as exc:
+        return web.Response(status=503, text=f"redis not ready: {exc}\n")
+    if not all(loaded):
+        await gw.store.scripts.load()
+    return web.Response(text="ready\n")
+
+
+async def app_from_env() -> web.Application:
+    """For ``gunicorn gateway.http.app:app_from_env``: settings from DURABLE_STREAMS_* variables.
+
+    Needs a Redis URL (``DURABLE_STREAMS_REDIS_URL`` or ``REDIS_URL``); only
+    ``durable-streams serve`` starts an embedded Redis.
+    """
+    settings = from_env()
+    if not settings.redis_url:
+        raise RuntimeError("set DURABLE_STREAMS_REDIS_URL (or REDIS_URL) for gunicorn workers")
+    return create_app(settings, settings.redis_url)
+
+
+def create_app(settings: Settings, redis_url: str, *, embedded: bool = False) -> web.Application:
+    """The gateway app for one process; it connects to ``redis_url`` on startup.
+    ``embedded``: that Redis is this server's own child, so /healthz checks it too."""
+    logging.getLogger("aiohttp.server").addFilter(QUIET_MALFORMED)  # once: the same filter object
+    # Bodies are inflated by gateway/http/bodies.py, within the size limit, not by aiohttp.
+    app = web.Application(client_max_size=settings.max_body_bytes, handler_args={"auto_decompress": False})
+    if embedded:
+        app[EMBEDDED_REDIS] = redis_url
+
+    async def startup(app: web.Application) -> None:
+        client = redis_client.connect(redis_url, settings.redis_max_connections, settings.redis_timeout)
+        pubsub_client = aioredis.Redis.from_url(redis_url, decode_responses=False)
+        cold = ColdReader(Archive(settings.archive_location), settings.archive_cache_bytes)
+        store = Store(
+            client, cold, settings.max_chunk_bytes, settings.notice_payload_bytes, settings.read_inline_bytes
+        )
+        await client.ping()
+        await durability.check(client, require=settings.require_durable)
+        await store.scripts.load()
+        fanout = Fanout(pubsub_client)
+        await fanout.start()
+        app[GATEWAY] = Gateway(
+            settings=settings, store=store, fanout=fanout, bodies=BodyBudget(settings.max_inflight_body_bytes)
+        )
+        store.hints.enabled = settings.archive_hints
+        app[HINTS_TASK] = asyncio.create_task(store.hints.run())
+
+    async def shutdown(app: web.Application) -> None:
+        app[GATEWAY].fanout.stop_waiters()  # live responses end cleanly, in-flight writes finish
+
+    async def cleanup(app: web.Application) -> None:
+        """Each step bounded: a Redis that does not answer must not hold the process."""
+        gw = app[GATEWAY]
+        gw.store.hints.stop()
+        for name, step in (
+            ("archive hints", app[HINTS_TASK]),
+            ("fan-out", gw.fanout.close()),
+            ("redis", gw.store.redis.aclose()),
+        ):
+            try:
+                await asyncio.wait_for(step, CLEANUP_STEP_SECONDS)
+            except Exception as exc:  # TimeoutError included: go on with the next step
+                log.warning("shutdown: %s did not close cleanly (%s)", name, exc or type(exc).__name__)
+
+    app.on_startup.append(startup)
+    app.on_shutdown.append(shutdown)
+    app.on_cleanup.append(cleanup)
+
+    stream = {
+        "PUT": handlers.put_stream,
+        "POST": handlers.post_stream,
+        "DELETE": handlers.delete_stream,
+        "HEAD": handlers.head_stream,
+        "GET": handlers.get_stream,
+        "OPTIONS": handlers.options_stream,
+    }
+    _add_routes(app, settings.prefix.rstrip("/") + "/{path:.*}", _stream_route, stream)
+    for path, handler in (("/healthz", healthz), ("/readyz", readyz), ("/metrics", metrics_page)):
+        _add_routes(app, path, path.strip("/"), {"GET": handler, "HEAD": handler})
+    app.router.add_route("*", "/{anything:.*}", endpoint(_not_found, "other"))
+    return app

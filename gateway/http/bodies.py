@@ -1,0 +1,101 @@
+"""Request bodies, read within bounds on size, time and memory.
+
+aiohttp's own decompression is turned off (``auto_decompress=False`` in app.py):
+it inflates what arrives before anyone checks the size, so a small gzip bomb
+became hundreds of megabytes per request. Here a body is inflated as it
+arrives with ``max_length``, so no more than ``--max-body-bytes`` is ever held,
+and refused (413) the moment it would pass it.
+
+Bounds, each answered without storing anything:
+- size: ``--max-body-bytes``, after decompression (413);
+- time: ``--body-timeout`` for the whole body (408; slow senders hold no
+  connection forever);
+- memory: ``--max-inflight-body-bytes``, body bytes held by this process at
+  once, across requests (503 with Retry-After beyond it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import zlib
+
+from aiohttp import web
+
+from ..protocol.errors import ProtocolError
+
+# Content-Encoding -> zlib window bits (gzip header / zlib header).
+_ENCODINGS = {"gzip": 31, "x-gzip": 31, "deflate": 15}
+_RESERVED = web.RequestKey("ds_body_bytes", int)  # what a request holds of the process budget
+
+
+def _too_large(limit: int) -> ProtocolError:
+    return ProtocolError(413, f"request body larger than {limit} bytes")
+
+
+class BodyBudget:
+    """Body bytes held by this process's requests, capped."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+
+    def take(self, request: web.Request, size: int) -> None:
+        """Count ``size`` more bytes against the budget for ``request`` (until ``release``).
+        A body is always admitted while no other request holds any, however large."""
+        if size <= 0:
+            return
+        mine = request.get(_RESERVED, 0)
+        if self.held > mine and self.held + size > self.limit:
+            raise ProtocolError(503, "too many request bodies in flight, retry", {"Retry-After": "1"})
+        self.held += size
+        request[_RESERVED] = mine + size
+
+    def release(self, request: web.Request) -> None:
+        """The request is answered: its bytes are free again."""
+        self.held -= request.pop(_RESERVED, 0)
+
+
+async def read_body(request: web.Request, *, max_bytes: int, timeout: float, budget: BodyBudget) -> bytes:
+    """The decoded body, or a 4xx/503 ProtocolError (nothing stored yet by then)."""
+    encoding = request.headers.get("Content-Encoding", "").strip().lower()
+    if encoding in ("", "identity"):
+        inflater = None
+    elif encoding in _ENCODINGS:
+        inflater = zlib.decompressobj(wbits=_ENCODINGS[encoding])
+    else:
+        raise ProtocolError(415, f"Content-Encoding {encoding[:40]!r} is not supported (gzip, deflate)")
+    # What arrives (compressed or not) is bounded too: compression adds a little to
+    # data that does not compress, never more than this.
+    max_raw = max_bytes + max_bytes // 64 + 1024
+    declared = request.content_length
+    if declared is not None and declared > (max_raw if inflater else max_bytes):
+        raise _too_large(max_bytes)
+    parts: list[bytes] = []
+    size = raw = 0
+    try:
+        async with asyncio.timeout(timeout):
+            async for chunk in request.content.iter_any():
+                raw += len(chunk)
+                if inflater is not None:
+                    if raw > max_raw:
+                        raise _too_large(max_bytes)
+                    try:
+                        chunk = inflater.decompress(chunk, max_bytes + 1 - size)
+                    except zlib.error:
+                        raise ProtocolError(400, f"body is not valid {encoding}") from None
+                    if inflater.unconsumed_tail:  # more output than the limit allows
+                        raise _too_large(max_bytes)
+                    if inflater.unused_data:  # zlib would keep collecting whatever follows
+                        raise ProtocolError(400, f"trailing data after the {encoding} body")
+                size += len(chunk)
+                if size > max_bytes:
+                    raise _too_large(max_bytes)
+                budget.take(request, len(chunk))
+                parts.append(chunk)
+    except TimeoutError:
+        raise ProtocolError(408, f"request body not received within {timeout:g} s") from None
+    except ConnectionError:  # the client went away mid-body: nobody reads the answer
+        raise ProtocolError(400, "the client closed the connection before the body ended") from None
+    if inflater is not None and not inflater.eof:
+        raise ProtocolError(400, f"body is truncated {encoding}")
+    return b"".join(parts)

@@ -1,0 +1,27 @@
+"""What every handler needs, stored once on the aiohttp app."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from ..config import Settings
+from ..storage.fanout import Fanout
+from ..storage.store import Store
+from .bodies import BodyBudget
+
+
+@dataclass
+class Gateway:
+    settings: Settings
+    store: Store
+    fanout: Fanout
+    bodies: BodyBudget
+
+
+GATEWAY = web.AppKey("gateway", Gateway)
+
+
+def gateway_of(request: web.Request) -> Gateway:
+    return request.app[GATEWAY]

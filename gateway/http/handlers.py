@@ -1,0 +1,214 @@
+"""HTTP handlers: validate the request (protocol/), call the Store (storage/), shape the response."""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import unquote
+
+from aiohttp import web
+
+from ..protocol import caching, cursor, offsets, responses
+from ..protocol.errors import ProtocolError, bad_request
+from ..protocol.headers import (
+    DEFAULT_CONTENT_TYPE,
+    STREAM_CLOSED,
+    STREAM_FORK_OFFSET,
+    STREAM_FORK_SUB_OFFSET,
+    STREAM_FORKED_FROM,
+    is_true,
+    normalize_content_type,
+    parse_decimal,
+    parse_expiry,
+    parse_producer,
+    parse_stream_seq,
+    validate_content_type,
+)
+from ..protocol.jsonmode import body_entries
+from ..protocol.models import CreateSpec
+from ..storage import keys
+from ..telemetry import metrics
+from . import live
+from .bodies import read_body
+from .context import gateway_of
+
+_RESERVED = "__ds"  # the protocol's control namespace (subscriptions): not served
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def stream_name(path: str, max_length: int) -> str:
+    """Validate a stream path (the URL part after the prefix)."""
+    if not path or path.strip("/") == "":
+        raise ProtocolError(404, "no stream named")
+    try:
+        size = len(path.encode())
+    except UnicodeEncodeError:  # undecodable bytes arrive as lone surrogates
+        raise bad_request("stream path is not valid UTF-8") from None
+    if size > max_length:
+        raise bad_request(f"stream path longer than {max_length} bytes")
+    if _CONTROL.search(path):
+        raise bad_request("stream path contains control characters")
+    if path.split("/", 1)[0] == _RESERVED:
+        raise ProtocolError(404, "reserved path")
+    return path
+
+
+def _sid(request: web.Request) -> str:
+    settings = gateway_of(request).settings
+    return keys.stream_id(stream_name(request.match_info["path"], settings.max_path_bytes))
+
+
+def _source_sid(request: web.Request, value: str) -> str:
+    """Stream-Forked-From: a stream path on this server, with or without the prefix."""
+    settings = gateway_of(request).settings
+    path = unquote(value.strip())
+    prefix = settings.prefix.rstrip("/") + "/"
+    if path.startswith(prefix):
+        path = path[len(prefix) :]
+    elif path.startswith("/"):
+        raise ProtocolError(404, "fork source is not a stream on this server")
+    return keys.stream_id(stream_name(path, settings.max_path_bytes))
+
+
+async def _body(request: web.Request) -> bytes:
+    gw = gateway_of(request)
+    s = gw.settings
+    return await read_body(request, max_bytes=s.max_body_bytes, timeout=s.body_timeout, budget=gw.bodies)
+
+
+def _entries(request: web.Request, media: str, body: bytes, *, create: bool) -> list[bytes]:
+    """The log entries a body becomes; a JSON array of more messages than one script
+    may store in a few milliseconds is refused whole."""
+    entries = body_entries(media, body, create=create)
+    limit = gateway_of(request).settings.max_json_messages
+    if len(entries) > limit:
+        raise ProtocolError(413, f"more than {limit} JSON messages in one request")
+    return entries
+
+
+# RFC 9110 Host: a name or IPv4 address, or an [IPv6] literal, then an optional port.
+_HOST = re.compile(r"\A(?:[A-Za-z0-9._~-]+|\[[0-9A-Fa-f:.]+\])(?::([0-9]{1,5}))?\Z")
+
+
+def _location(request: web.Request) -> str:
+    """The created stream's URL, checked before anything is stored: a Host header
+    that makes no URL (``example.com:99999``, ``[::1``) is a bad request, not a
+    failed or strange write."""
+    match = _HOST.match(request.host)
+    if match is None or (match.group(1) and int(match.group(1)) > 65535):
+        raise bad_request("the Host header is not a valid host[:port]")
+    try:
+        return str(request.url.with_query(None))
+    except ValueError:
+        raise bad_request("the Host header does not make a valid URL") from None
+
+
+async def put_stream(request: web.Request) -> web.Response:
+    gw = gateway_of(request)
+    sid = _sid(request)
+    location = _location(request)
+    h = request.headers
+    expiry = parse_expiry(h)
+    fork_from, fork_offset, sub = (
+        h.get(n) for n in (STREAM_FORKED_FROM, STREAM_FORK_OFFSET, STREAM_FORK_SUB_OFFSET)
+    )
+    if fork_from is None and (fork_offset is not None or sub is not None):
+        raise bad_request("Stream-Fork-Offset and Stream-Fork-Sub-Offset need Stream-Forked-From")
+    sub_offset = 0 if sub is None else parse_decimal(sub.strip(), STREAM_FORK_SUB_OFFSET)
+    if sub_offset and fork_offset is None:
+        raise bad_request("Stream-Fork-Sub-Offset needs Stream-Fork-Offset")
+    if fork_offset is not None:
+        fork_offset = fork_offset.strip()
+        offsets.decode(fork_offset)
+    raw_type = h.get("Content-Type")
+    content_type = raw_type.strip() if raw_type and raw_type.strip() else None
+    if content_type is not None:
+        validate_content_type(content_type)
+    body = await _body(request)
+    source = None if fork_from is None else _source_sid(request, fork_from)
+    if source == sid:
+        raise bad_request("a stream cannot fork itself")
+    media = normalize_content_type(content_type) or DEFAULT_CONTENT_TYPE
+    if body and source is not None and content_type is None:
+        # A fork's body is framed by the content type it inherits (looked up only when needed).
+        media = (await gw.store.head(source)).media_type
+    entries = _entries(request, media, body, create=True)
+    spec = CreateSpec(
+        content_type=content_type,
+        expiry=expiry,
+        closed=is_true(h.get(STREAM_CLOSED)),
+        entries=tuple(entries),
+        fork_from=source,
+        fork_offset=fork_offset,
+        fork_sub_offset=sub_offset,
+    )
+    created, meta = await gw.store.create(sid, spec)
+    headers = responses.stream_state(meta)
+    if created:
+        headers["Location"] = location
+    return web.Response(status=201 if created else 200, headers=headers)
+
+
+async def post_stream(request: web.Request) -> web.Response:
+    gw = gateway_of(request)
+    sid = _sid(request)
+    h = request.headers
+    close = is_true(h.get(STREAM_CLOSED))
+    producer = parse_producer(h)
+    stream_seq = parse_stream_seq(h)
+    body = await _body(request)
+    entries: list[bytes] = []
+    media = ""
+    if body:
+        raw_type = h.get("Content-Type")
+        if not raw_type or not raw_type.strip():
+            raise bad_request("Content-Type is required with a body")
+        media = validate_content_type(raw_type)
+        entries = _entries(request, media, body, create=False)
+    elif not close:
+        raise bad_request("empty body: send data, or Stream-Closed: true to close")
+    result = await gw.store.append(sid, media, entries, close=close, stream_seq=stream_seq, producer=producer)
+    # New data from an idempotent producer is 200; duplicates and close-only are 204.
+    status = 200 if producer is not None and result.status == "ok" and entries else 204
+    return web.Response(status=status, headers=responses.append_result(result))
+
+
+async def delete_stream(request: web.Request) -> web.Response:
+    await gateway_of(request).store.delete(_sid(request))
+    return web.Response(status=204)
+
+
+async def head_stream(request: web.Request) -> web.Response:
+    meta = await gateway_of(request).store.head(_sid(request))
+    headers = responses.stream_state(meta)
+    headers["Cache-Control"] = caching.NO_STORE
+    return web.Response(status=200, headers=headers)
+
+
+async def get_stream(request: web.Request) -> web.StreamResponse:
+    gw = gateway_of(request)
+    sid = _sid(request)
+    query = request.query
+    start = offsets.parse_read_offset(query.getall("offset", []))
+    mode = query.get("live")
+    client_cursor = cursor.parse_client_cursor(query.getall("cursor", []))
+    if mode in ("sse", "long-poll") and "offset" not in query:
+        raise bad_request(f"live={mode} needs an offset")
+    if mode == "sse":
+        with metrics.LIVE_CONNECTIONS.labels("sse").track_inprogress():
+            return await live.sse(request, gw, sid, start, cursor.response_cursor(client_cursor))
+    if mode == "long-poll":
+        with metrics.LIVE_CONNECTIONS.labels("long-poll").track_inprogress():
+            return await live.long_poll(request, gw, sid, start, cursor.response_cursor(client_cursor))
+    if mode is not None:
+        raise bad_request("live must be long-poll or sse")
+    chunk = await gw.store.read(sid, start)
+    headers = responses.read_chunk(chunk, cursor=None, at_now=start is None)
+    if "ETag" in headers and caching.matches(request.headers.get("If-None-Match"), headers["ETag"]):
+        return web.Response(
+            status=304, headers={"ETag": headers["ETag"], "Cache-Control": headers["Cache-Control"]}
+        )
+    return web.Response(status=200, body=chunk.body(), headers=headers)
+
+
+async def options_stream(request: web.Request) -> web.Response:
+    return web.Response(status=204, headers=responses.PREFLIGHT)

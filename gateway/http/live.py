@@ -1,0 +1,239 @@
+"""Live reads: long-poll and SSE, woken by the fan-out, never sleeping through data."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from dataclasses import replace
+
+from aiohttp import HttpVersion11, web
+
+from ..protocol import caching, offsets, responses
+from ..protocol.errors import ProtocolError
+from ..protocol.headers import STREAM_SSE_DATA_ENCODING, is_text
+from ..protocol.jsonmode import to_array
+from ..protocol.models import Chunk
+from ..protocol.notices import Delivery
+from ..protocol.sse import comment, control_event, cut_character, events
+from ..storage.channels import Watch
+from ..storage.outcomes import UNAVAILABLE
+from .context import Gateway
+
+_RETRY_SECONDS = 0.25
+_STOPPING_WRITE_SECONDS = 1.0
+_SINK_BUFFER_LIMIT = 256 * 1024  # a client this far behind is served by its own task
+
+
+class _SseSink:
+    """A caught-up SSE response the fan-out writes small appends to directly."""
+
+    __slots__ = ("position", "closed", "key", "_transport", "_text", "_json", "_cursor", "_chunked")
+
+    def __init__(
+        self, transport: asyncio.Transport, *, text: bool, is_json: bool, cursor: str, chunked: bool
+    ) -> None:
+        self.position = 0
+        self.closed = False
+        self.key = (text, is_json, cursor, chunked)
+        self._transport = transport
+        self._text, self._json, self._cursor, self._chunked = text, is_json, cursor, chunked
+
+    def frame(self, delivery: Delivery) -> bytes:
+        datas = [data for _, data in delivery.entries]
+        body = (to_array(datas) if self._json else b"".join(datas)) if datas else None
+        frame = events(
+            body, offsets.encode(delivery.tail), text=self._text, cursor=self._cursor, up_to_date=True,
+            closed=delivery.closed,
+        )  # fmt: skip
+        return b"%x\r\n%b\r\n" % (len(frame), frame) if self._chunked else frame
+
+    def writable(self) -> bool:
+        t = self._transport
+        return not t.is_closing() and t.get_write_buffer_size() < _SINK_BUFFER_LIMIT
+
+    def write(self, frame: bytes) -> None:
+        self._transport.write(frame)
+
+
+class _Stalled(Exception):
+    """A live client took no data for --write-timeout seconds."""
+
+
+def _whole_characters(chunk: Chunk, text: bool) -> Chunk:
+    """A text stream's chunk that a read cut short ends on a character boundary
+    (the bytes held back come first in the next event). A chunk that ends at the
+    tail is left as the writers left it."""
+    if not text or chunk.meta.is_json or not chunk.entries or chunk.up_to_date:
+        return chunk
+    cut = cut_character(b"".join(data for _, data in chunk.entries[-4:])[-4:])  # may span entries
+    if not cut or cut >= chunk.end - chunk.start:
+        return chunk  # nothing to hold back, or nothing would be left to send
+    entries = list(chunk.entries)
+    while cut:
+        pos, data = entries[-1]
+        if len(data) <= cut:
+            entries.pop()
+            cut -= len(data)
+        else:
+            entries[-1] = (pos, data[:-cut])
+            cut = 0
+    return Chunk(chunk.meta, chunk.start, entries)
+
+
+async def _after(gw: Gateway, sid: str, watch: Watch, chunk: Chunk) -> Chunk:
+    """What follows ``chunk``: straight from the pub/sub notices when they carry
+    all of it (small appends, nothing missed), else one read shared with this
+    process's other readers at the same offset."""
+    delivery = watch.delivery(chunk.end)
+    if delivery is None:
+        return await gw.store.read_shared(sid, chunk.end, watch.since)
+    key = ("chunk", chunk.meta.sid, chunk.meta.created)  # one Chunk for all readers it reaches
+    shared = delivery.cache.get(key)
+    if shared is None:
+        meta = replace(chunk.meta, tail=max(chunk.meta.tail, delivery.tail), closed=delivery.closed)
+        shared = delivery.cache[key] = Chunk(meta, delivery.start, list(delivery.entries))
+    return shared
+
+
+async def long_poll(
+    request: web.Request, gw: Gateway, sid: str, start: int | None, cursor: str
+) -> web.Response:
+    """Data now if there is any (or the stream is closed), else wait for an append.
+
+    If Redis goes away while we wait, we keep trying until the timeout and then
+    answer with the last tail we knew; the client simply polls again.
+    """
+    chunk = await gw.store.read_shared(sid, start, time.monotonic())
+    if not chunk.entries and not chunk.meta.closed:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + gw.settings.long_poll_timeout
+        async with gw.fanout.watch(sid) as watch:
+            recheck = True  # after subscribing, look once more: nothing slips by
+            while True:
+                try:
+                    if recheck:
+                        chunk = await gw.store.read_shared(sid, chunk.start, watch.since)
+                    else:
+                        chunk = await _after(gw, sid, watch, chunk)
+                except UNAVAILABLE:
+                    if loop.time() >= deadline or watch.stopping:
+                        break
+                    recheck = True
+                    await asyncio.sleep(_RETRY_SECONDS)
+                    continue
+                recheck = False
+                if chunk.entries or chunk.meta.closed:
+                    break
+                if not await watch.wait(deadline - loop.time()):
+                    break
+    headers = responses.read_chunk(chunk, cursor=cursor, at_now=start is None)
+    if not chunk.entries:
+        headers.pop("ETag", None)
+        headers["Cache-Control"] = caching.NO_STORE
+        return web.Response(status=204, headers=headers)
+    return web.Response(status=200, body=chunk.body(), headers=headers)
+
+
+async def sse(
+    request: web.Request, gw: Gateway, sid: str, start: int | None, cursor: str
+) -> web.StreamResponse:
+    """An event stream: data events, each followed by a control event.
+
+    Ends when the stream closes (after the final control event), when the
+    reconnect cycle is up, or on shutdown; the last two end with a control
+    event saying where to resume. A Redis outage does not end it: reads are
+    retried, and the fan-out wakes every reader once Redis is back.
+    """
+    chunk = await gw.store.read_shared(sid, start, time.monotonic())  # 404 and friends first
+    text = is_text(chunk.meta.content_type)
+    chunk = _whole_characters(chunk, text)
+    headers = {
+        **responses.SECURITY,  # sent before the handler returns: endpoint() can't add them later
+        "Content-Type": "text/event-stream",
+        "Cache-Control": caching.SSE,
+        "X-Accel-Buffering": "no",
+    }
+    if not text:
+        headers[STREAM_SSE_DATA_ENCODING] = "base64"
+    response = web.StreamResponse(status=200, headers=headers)
+    chunked = request.version >= HttpVersion11
+    if chunked:
+        response.enable_chunked_encoding()  # explicit: the fan-out frames its direct writes the same way
+    await response.prepare(request)
+    transport = request.transport
+    assert transport is not None
+    settings = gw.settings
+    loop = asyncio.get_running_loop()
+    # Spread reconnects: clients that connected together must not all come back together.
+    deadline = loop.time() + settings.sse_cycle_seconds * random.uniform(0.75, 1.0)
+
+    def control(chunk: Chunk) -> bytes:
+        return control_event(
+            offsets.encode(chunk.end), cursor=cursor, up_to_date=chunk.up_to_date, closed=chunk.eof
+        )
+
+    def write_timeout() -> float:  # shutting down: a last event gets a second, not the full timeout
+        return _STOPPING_WRITE_SECONDS if gw.fanout.stopping else settings.write_timeout
+
+    async def write(data: bytes) -> None:
+        """A client that takes nothing for --write-timeout seconds is dropped: it must
+        not hold a connection, memory, or a graceful shutdown."""
+        try:
+            async with asyncio.timeout(write_timeout()):
+                await response.write(data)
+        except TimeoutError:
+            raise _Stalled from None
+
+    async def send(chunk: Chunk) -> None:
+        key = ("sse", text, cursor)  # encoded once, however many readers this chunk reaches
+        frames = chunk.cache.get(key)
+        if frames is None:
+            body = chunk.body() if chunk.entries else None
+            frames = chunk.cache[key] = events(
+                body, offsets.encode(chunk.end), text=text, cursor=cursor, up_to_date=chunk.up_to_date,
+                closed=chunk.eof,
+            )  # fmt: skip
+        await write(frames)
+
+    try:
+        async with gw.fanout.watch(sid) as watch:
+            await send(chunk)
+            sink = _SseSink(transport, text=text, is_json=chunk.meta.is_json, cursor=cursor, chunked=chunked)
+            unread = False  # woken (or a read failed) and not yet read since
+            while not chunk.eof and not watch.stopping and loop.time() < deadline:
+                if chunk.up_to_date and not unread:
+                    sink.position = chunk.end
+                    woke = await watch.park(sink, min(deadline - loop.time(), settings.sse_heartbeat_seconds))
+                    if sink.position != chunk.end or sink.closed:  # the fan-out wrote to us meanwhile
+                        meta = replace(chunk.meta, tail=sink.position, closed=sink.closed)
+                        chunk = Chunk(meta, sink.position)
+                    if chunk.eof:
+                        break
+                    if not woke:
+                        if not watch.stopping and loop.time() < deadline:
+                            await write(comment())
+                        continue
+                try:
+                    chunk = _whole_characters(await _after(gw, sid, watch, chunk), text)
+                except UNAVAILABLE:
+                    unread = True
+                    await asyncio.sleep(_RETRY_SECONDS)
+                    continue
+                unread = False
+                if chunk.entries or chunk.eof:
+                    await send(chunk)
+            if not chunk.eof:  # cycle over or shutting down: say where to resume
+                await write(control(chunk))
+    except ProtocolError:
+        pass  # deleted or expired mid-stream: end the event stream
+    except _Stalled:
+        transport.abort()  # drop what it never took
+        return response
+    except (ConnectionResetError, asyncio.CancelledError):
+        return response  # the client left
+    with contextlib.suppress(ConnectionResetError, TimeoutError):
+        async with asyncio.timeout(write_timeout()):
+            await response.write_eof()
+    return response

@@ -1,0 +1,116 @@
+"""The values storage hands to the HTTP layer: a stream's state, a read, a
+validated create, an append's result. Plain data: built from what the Lua
+scripts answer (``Meta.parse``), shaped into headers by ``responses.py``."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from .headers import JSON_CONTENT_TYPE, Expiry
+from .jsonmode import to_array
+
+# (stream id, from position, to position), to exclusive: a range a fork reads from an ancestor's log.
+InheritedRange = tuple[str, int, int]
+Entry = tuple[int, bytes]  # (position, data)
+
+
+def text(value: bytes | str) -> str:
+    """A Redis reply item as text."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
+@dataclass(frozen=True)
+class Meta:
+    """What a stream's meta hash says, typed."""
+
+    sid: str
+    content_type: str
+    media_type: str  # normalized, for comparisons
+    base: int  # where the stream's own log starts (a fork's fork point, else 0)
+    tail: int
+    closed: bool
+    created: str
+    ttl: int | None
+    expires_at: str | None
+    source: str | None
+    chain: tuple[InheritedRange, ...]  # inherited ranges, oldest ancestor first
+    arch: int  # where the Redis log starts: below it, data is in archived files
+    floor: int  # where retained data starts (retention drops what is below)
+
+    @classmethod
+    def parse(cls, sid: str, flat: list[Any]) -> Meta:
+        """From a flat ``[field, value, ...]`` list, as HGETALL (and the scripts) answer."""
+        m = {text(flat[i]): text(flat[i + 1]) for i in range(0, len(flat), 2)}
+        return cls(
+            sid=sid,
+            content_type=m["ct"],
+            media_type=m["ctn"],
+            base=int(m["base"]),
+            tail=int(m["tail"]),
+            closed=m.get("closed") == "1",
+            created=m["created"],
+            ttl=int(m["ttl"]) if "ttl" in m else None,
+            expires_at=m.get("expires"),
+            source=m.get("src"),
+            chain=tuple((s, lo, hi) for s, lo, hi in json.loads(m.get("chain") or "[]")),
+            arch=int(m.get("arch") or m["base"]),
+            floor=int(m.get("floor") or 0),
+        )
+
+    @property
+    def is_json(self) -> bool:
+        return self.media_type == JSON_CONTENT_TYPE
+
+
+@dataclass
+class Chunk:
+    """One read: data from ``start`` and the stream's state at that moment."""
+
+    meta: Meta
+    start: int
+    entries: list[Entry] = field(default_factory=list)
+    # Encoded responses, shared by the readers a shared read or notice reaches.
+    cache: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def end(self) -> int:
+        if not self.entries:
+            return self.start
+        pos, data = self.entries[-1]
+        return pos + len(data)
+
+    @property
+    def up_to_date(self) -> bool:
+        return self.end >= self.meta.tail
+
+    @property
+    def eof(self) -> bool:
+        return self.meta.closed and self.up_to_date
+
+    def body(self) -> bytes:
+        datas = [data for _, data in self.entries]
+        return to_array(datas) if self.meta.is_json else b"".join(datas)
+
+
+@dataclass(frozen=True)
+class CreateSpec:
+    """A validated PUT."""
+
+    content_type: str | None  # None: not given (a fork inherits its source's)
+    expiry: Expiry = Expiry()
+    closed: bool = False
+    entries: tuple[bytes, ...] = ()
+    fork_from: str | None = None  # source stream id
+    fork_offset: str | None = None  # as given
+    fork_sub_offset: int = 0
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    status: str  # ok | dup
+    tail: int
+    closed: bool
+    producer_epoch: int | None = None
+    producer_seq: int | None = None

@@ -1,0 +1,97 @@
+"""The "tail moved" notices append.lua publishes, and stitching them together.
+
+A notice is ``<old tail> <new tail> <closed 0|1>``; for appends no larger
+than the configured threshold it goes on with `` <len>,<len>,...\\n`` and the
+entries' bytes, so readers woken by it need no Redis read at all. ``deleted``
+(from delete.lua) and anything unparsable carry no data: readers re-read.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Notice:
+    old_tail: int
+    tail: int
+    closed: bool
+    entries: tuple[tuple[int, bytes], ...] | None  # None: too large to ride along
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """What a reader at some position learns from consecutive notices."""
+
+    start: int
+    tail: int
+    closed: bool
+    entries: tuple[tuple[int, bytes], ...]
+    # Encoded responses, shared by every reader this delivery reaches.
+    cache: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
+
+
+def parse(message: bytes) -> Notice | None:
+    head, newline, data = message.partition(b"\n")
+    parts = head.split(b" ")
+    try:
+        old_tail, tail, closed = int(parts[0]), int(parts[1]), parts[2] == b"1"
+        if len(parts) < 4:
+            return Notice(old_tail, tail, closed, None if tail > old_tail else ())
+        entries, pos, offset = [], old_tail, 0
+        for length in (int(n) for n in parts[3].split(b",")):
+            entries.append((pos, data[offset : offset + length]))
+            pos, offset = pos + length, offset + length
+    except (IndexError, ValueError):
+        return None
+    if not newline or pos != tail or offset != len(data):
+        return None
+    return Notice(old_tail, tail, closed, tuple(entries))
+
+
+def stitch(notices: Iterable[Notice | None], start: int) -> Delivery | None:
+    """Everything from ``start`` to the newest notice's tail, if the notices
+    cover that range without a gap and all carry their data; else None (also
+    when one of them is None: ``deleted``, or unparsable)."""
+    entries: list[tuple[int, bytes]] = []
+    position, closed, newest = start, False, None
+    for notice in notices:
+        if notice is None:
+            return None
+        newest = notice
+        if notice.tail <= position and not (notice.closed and notice.tail == position):
+            continue  # already behind the reader
+        if notice.old_tail != position or notice.entries is None:
+            return None
+        entries.extend(notice.entries)
+        position, closed = notice.tail, notice.closed
+    if newest is None or position != newest.tail:
+        return None
+    return Delivery(start, position, closed, tuple(entries))
+
+
+class Recent:
+    """The last few notices of one stream, oldest first."""
+
+    def __init__(self, size: int = 32) -> None:
+        self._notices: deque[Notice] = deque(maxlen=size)
+        self._deliveries: dict[int, Delivery | None] = {}  # readers at one offset share one
+
+    def add(self, notice: Notice | None) -> None:
+        self._deliveries.clear()
+        if notice is None:
+            self._notices.clear()  # deleted, or unknown: nobody may trust older notices
+        else:
+            self._notices.append(notice)
+
+    def clear(self) -> None:
+        self._deliveries.clear()
+        self._notices.clear()
+
+    def delivery(self, start: int) -> Delivery | None:
+        if start not in self._deliveries:
+            self._deliveries[start] = stitch(self._notices, start)
+        return self._deliveries[start]

@@ -1,0 +1,89 @@
+"""Which headers each kind of response carries: plain functions of stream state."""
+
+from __future__ import annotations
+
+from . import caching, offsets
+from .headers import (
+    PRODUCER_EPOCH,
+    PRODUCER_SEQ,
+    STREAM_CLOSED,
+    STREAM_CURSOR,
+    STREAM_EXPIRES_AT,
+    STREAM_NEXT_OFFSET,
+    STREAM_TTL,
+    STREAM_UP_TO_DATE,
+)
+from .models import AppendResult, Chunk, Meta
+
+# Headers browsers may read from a cross-origin response (CORS).
+EXPOSED = ", ".join(
+    [
+        STREAM_NEXT_OFFSET,
+        STREAM_UP_TO_DATE,
+        STREAM_CLOSED,
+        STREAM_CURSOR,
+        STREAM_TTL,
+        STREAM_EXPIRES_AT,
+        "Stream-SSE-Data-Encoding",
+        PRODUCER_EPOCH,
+        PRODUCER_SEQ,
+        "Producer-Expected-Seq",
+        "Producer-Received-Seq",
+        "ETag",
+        "Location",
+    ]
+)
+SECURITY = {
+    "X-Content-Type-Options": "nosniff",
+    "Cross-Origin-Resource-Policy": "cross-origin",
+    "Access-Control-Allow-Origin": "*",
+    "Access-Control-Expose-Headers": EXPOSED,
+}
+PREFLIGHT = {
+    "Access-Control-Allow-Methods": "GET, HEAD, POST, PUT, DELETE, OPTIONS",
+    "Access-Control-Allow-Headers": "*",
+    "Access-Control-Max-Age": "86400",
+}
+
+
+def stream_state(meta: Meta) -> dict[str, str]:
+    """Create and HEAD: the stream's configuration and tail."""
+    headers = {"Content-Type": meta.content_type, STREAM_NEXT_OFFSET: offsets.encode(meta.tail)}
+    if meta.closed:
+        headers[STREAM_CLOSED] = "true"
+    if meta.ttl is not None:
+        headers[STREAM_TTL] = str(meta.ttl)
+    if meta.expires_at is not None:
+        headers[STREAM_EXPIRES_AT] = meta.expires_at
+    return headers
+
+
+def append_result(result: AppendResult) -> dict[str, str]:
+    headers = {STREAM_NEXT_OFFSET: offsets.encode(result.tail)}
+    if result.closed:
+        headers[STREAM_CLOSED] = "true"
+    if result.producer_epoch is not None:
+        headers[PRODUCER_EPOCH] = str(result.producer_epoch)
+        headers[PRODUCER_SEQ] = str(result.producer_seq)
+    return headers
+
+
+def read_chunk(chunk: Chunk, *, cursor: str | None, at_now: bool) -> dict[str, str]:
+    """Catch-up and long-poll reads (200, or 204 when a long-poll saw nothing)."""
+    headers = {"Content-Type": chunk.meta.content_type, STREAM_NEXT_OFFSET: offsets.encode(chunk.end)}
+    if chunk.up_to_date:
+        headers[STREAM_UP_TO_DATE] = "true"
+    if chunk.eof:
+        headers[STREAM_CLOSED] = "true"
+    elif cursor is not None:
+        headers[STREAM_CURSOR] = cursor
+    if at_now:  # the tail moves: nothing to cache (long-poll 204s are made no-store in live.py)
+        headers["Cache-Control"] = caching.NO_STORE
+    else:
+        headers["Cache-Control"] = caching.CACHEABLE
+        headers["ETag"] = chunk_etag(chunk)
+    return headers
+
+
+def chunk_etag(chunk: Chunk) -> str:
+    return caching.etag(chunk.meta.sid, chunk.meta.created, chunk.start, chunk.end, chunk.eof)

@@ -1,0 +1,12 @@
+"""Streams stored in Redis: key names, the Lua scripts, the client, and the
+Store the HTTP handlers call.
+
+``store.py`` is the facade (create, delete, and the entry points below);
+``appends.py`` batches appends into append.lua calls, ``reads.py`` reads hot
+(Redis), cold (the archive) and bulk (plain XRANGE), ``forks.py`` creates and
+releases forks, ``outcomes.py`` turns script answers and Redis failures into
+protocol errors. ``limits.py`` holds the bounds on what one request makes Redis
+do. ``fanout.py`` wakes live readers from pub/sub (``channels.py``: what a
+notice does for a channel's readers); ``hints.py`` tells archive workers which
+streams grew; ``durability.py`` checks Redis' persistence.
+"""

@@ -1,0 +1,144 @@
+"""Appends: each POST's script arguments, encoded up front, then batched with
+the appends that arrive while a round trip runs (``concurrency/batching.py``)
+into one append.lua call per batch."""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+import redis.exceptions
+
+from ..concurrency.batching import Batcher
+from ..protocol.errors import bad_request
+from ..protocol.headers import Producer
+from ..protocol.models import AppendResult, text
+from ..telemetry import metrics
+from . import keys
+from .client import NotSent
+from .hints import Hints
+from .limits import APPEND_LANES, MAX_BATCH_ENTRIES
+from .outcomes import UNAVAILABLE, append_error, outcome_unknown
+from .scripts import Scripts
+
+
+@dataclass(frozen=True)
+class AppendRequest:
+    """One POST on its way to append.lua."""
+
+    media_type: str  # '' when there is no body
+    close: bool
+    stream_seq: str  # '' none
+    producer: Producer | None
+    entries: list[bytes]
+
+    def script_args(self) -> list[Any]:
+        """This append's part of append.lua's ARGV."""
+        p = self.producer
+        head: list[Any] = [self.media_type, "1" if self.close else "0", self.stream_seq]
+        head += [p.id, p.epoch, p.seq] if p else ["", "", ""]
+        return [*head, len(self.entries), *self.entries]
+
+
+def encoded(args: list[Any]) -> list[bytes]:
+    """Script arguments as the bytes Redis gets, encoded before the append joins a
+    batch: an argument that cannot be encoded fails its own request (400), never
+    the batch it would have shared with other streams' appends."""
+    out: list[bytes] = []
+    for arg in args:
+        if isinstance(arg, bytes):
+            out.append(arg)
+        elif isinstance(arg, int):
+            out.append(b"%d" % arg)
+        else:
+            try:
+                out.append(arg.encode())
+            except UnicodeEncodeError:
+                raise bad_request("a header value is not valid UTF-8") from None
+    return out
+
+
+Queued = tuple[str, AppendRequest, list[bytes]]  # stream id, the append, its encoded arguments
+
+
+class Appends:
+    def __init__(self, scripts: Scripts, hints: Hints, notice_payload_bytes: int) -> None:
+        self.scripts = scripts
+        self.hints = hints
+        self.notice_payload_bytes = notice_payload_bytes
+        self._batcher: Batcher[Queued, Any] = Batcher(
+            self._append_batch,
+            max_items=MAX_BATCH_ENTRIES,
+            size=lambda item: sum(map(len, item[1].entries)),
+            count=lambda item: max(1, len(item[1].entries)),
+        )
+
+    async def append(
+        self,
+        sid: str,
+        media_type: str,
+        entries: list[bytes],
+        *,
+        close: bool,
+        stream_seq: str | None,
+        producer: Producer | None,
+    ) -> AppendResult:
+        """POST. Concurrent appends to one stream go to Redis together."""
+        request = AppendRequest(media_type if entries else "", close, stream_seq or "", producer, entries)
+        args = encoded(request.script_args())
+        # Appends wait in one of a few lanes (a stream always in the same one): whatever
+        # arrives while a lane's Redis round trip runs goes in its next one.
+        lane = str(zlib.crc32(sid.encode()) % APPEND_LANES)
+        try:
+            result = await self._batcher.submit(lane, (sid, request, args))
+        except (NotSent, redis.exceptions.BusyLoadingError):
+            raise  # nothing was applied: 503, retry
+        except UNAVAILABLE as exc:  # sent, unanswered: applied or not, nobody knows
+            raise outcome_unknown() from exc
+        status = text(result[0])
+        if status in ("ok", "dup"):
+            return AppendResult(
+                status=status,
+                tail=int(result[1]),
+                closed=text(result[2]) == "1",
+                producer_epoch=producer.epoch if producer else None,
+                producer_seq=int(result[4]) if status == "dup" else (producer.seq if producer else None),
+            )
+        raise append_error(status, result)
+
+    async def _append_batch(self, lane: str, batch: list[Queued]) -> list[Any]:
+        """One append.lua call for a whole batch: each stream's keys in turn, its appends
+        in arrival order. Returns each append's result, in batch order.
+
+        One call rather than a pipeline of one call per stream: a pipeline costs the
+        gateway ~60 µs more CPU per append (measured at 64 writers on 1,000 streams), and
+        the one script either runs whole or, refused before its first write (OOM), not
+        at all: no batch is half applied. The call's keys span streams, so on Redis
+        Cluster a batch would have to be split by slot first."""
+        by_stream: dict[str, list[int]] = {}
+        for index, (sid, _, _) in enumerate(batch):
+            by_stream.setdefault(sid, []).append(index)
+        script_keys: list[str] = []
+        args: list[Any] = [self.notice_payload_bytes]
+        order: list[int] = []  # batch index of each result append.lua returns
+        for sid, indexes in by_stream.items():
+            script_keys += keys.stream_keys(sid)
+            args.append(len(indexes))
+            for i in indexes:
+                args += batch[i][2]
+            order += indexes
+        replies = await self.scripts.run("append", script_keys, args)
+        results: list[Any] = [None] * len(batch)
+        appended, appended_bytes = 0, 0
+        for i, reply in zip(order, replies, strict=True):
+            results[i] = reply
+            sid, item, _ = batch[i]
+            if item.entries and text(reply[0]) == "ok":
+                self.hints.mark(sid)
+                appended += 1
+                appended_bytes += sum(map(len, item.entries))
+        if appended:  # counted once per batch: the metrics take a lock per call
+            metrics.APPENDS.inc(appended)
+            metrics.APPENDED_BYTES.inc(appended_bytes)
+        return results

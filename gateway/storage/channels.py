@@ -1,0 +1,135 @@
+"""One pub/sub channel's waiting readers, and what a batch of notices does for them.
+
+Readers register through ``Fanout.watch`` (``fanout.py``) and wait on a
+``Watch``. A reader that is caught up can *park* a Sink while it waits: for a
+notice that carries its data and starts at the sink's position, the listener
+writes to the sink itself (one frame built per notice, one socket write per
+reader) and the reader's task is not woken at all. Anything else (a gap, a
+large append, a deleted stream, a slow client, a closed stream) wakes the
+task, which then reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from ..protocol import notices
+
+if TYPE_CHECKING:
+    from .fanout import Fanout
+
+
+class Sink(Protocol):
+    """A parked reader the listener may write to directly."""
+
+    position: int  # where the reader is; advanced by the listener as it writes
+    closed: bool  # set by the listener when it wrote the stream's end
+
+    @property
+    def key(self) -> Hashable:
+        """Sinks with equal keys get identical frames for a notice."""
+        ...
+
+    def frame(self, delivery: notices.Delivery) -> bytes: ...
+    def writable(self) -> bool: ...
+    def write(self, frame: bytes) -> None: ...
+
+
+@dataclass
+class Channel:
+    confirmed: asyncio.Future[None]
+    waiters: set[asyncio.Event] = field(default_factory=set)
+    notified_at: float = 0.0  # time.monotonic() of the last notice or (re)subscription
+    recent: notices.Recent = field(default_factory=notices.Recent)
+    parked: dict[asyncio.Event, Sink] = field(default_factory=dict)
+
+    def deliver(self, batch: list[notices.Notice | None]) -> None:
+        """Serve parked sinks from consecutive notices; wake every other waiter.
+
+        Under load the listener hands over every notice that queued up while
+        it was busy, so a sink gets one write however many appends it covers:
+        writes per second stay bounded and latency degrades gracefully.
+        """
+        self.notified_at = time.monotonic()
+        for notice in batch:
+            self.recent.add(notice)
+        deliveries: dict[int, notices.Delivery | None] = {}  # sinks mostly share a position
+        frames: dict[tuple[Hashable, int], bytes] = {}
+        parked = self.parked
+        for event in self.waiters:
+            sink = parked.get(event)
+            if sink is None:
+                event.set()  # not parked: its task reads for itself
+                continue
+            position = sink.position
+            if position in deliveries:
+                delivery = deliveries[position]
+            else:
+                delivery = deliveries[position] = notices.stitch(batch, position)
+            if delivery is None or not sink.writable():
+                event.set()  # behind, large appends, or a slow client: its task takes over
+                continue
+            if delivery.tail == position and not delivery.closed:
+                continue  # nothing new for this one
+            key = (sink.key, position)
+            frame = frames.get(key)
+            if frame is None:
+                frame = frames[key] = sink.frame(delivery)
+            try:
+                sink.write(frame)
+            except (OSError, RuntimeError):  # the connection just went: its task cleans up
+                event.set()
+                continue
+            sink.position = delivery.tail
+            if delivery.closed:
+                sink.closed = True
+                event.set()
+
+
+class Watch:
+    """A reader's registration: ``wait`` returns True when the stream moved."""
+
+    def __init__(self, fanout: Fanout, channel: Channel, event: asyncio.Event) -> None:
+        self._fanout = fanout
+        self._channel = channel
+        self._event = event
+        self._confirmed_at = time.monotonic()
+
+    @property
+    def since(self) -> float:
+        """Reads that started before this may miss what the reader was told of:
+        the subscription's confirmation, or the channel's latest notice."""
+        return max(self._confirmed_at, self._channel.notified_at)
+
+    def delivery(self, start: int) -> notices.Delivery | None:
+        """What the latest notices say happened from ``start`` on, when they
+        say all of it (small appends, nothing missed); else None: read Redis."""
+        return self._channel.recent.delivery(start)
+
+    async def park(self, sink: Sink, timeout: float) -> bool:
+        """``wait``, letting the listener write small appends to ``sink`` meanwhile."""
+        self._channel.parked[self._event] = sink
+        try:
+            return await self.wait(timeout)
+        finally:
+            del self._channel.parked[self._event]
+
+    @property
+    def stopping(self) -> bool:
+        return self._fanout.stopping
+
+    async def wait(self, timeout: float) -> bool:
+        if self._fanout.stopping:
+            return False
+        if not self._event.is_set():
+            try:
+                async with asyncio.timeout(timeout):  # no extra task per wait, unlike wait_for
+                    await self._event.wait()
+            except TimeoutError:
+                return False
+        self._event.clear()
+        return not self._fanout.stopping

@@ -1,0 +1,84 @@
+"""How a gateway process connects to Redis: one bounded pool that makes callers
+wait, whose connections pack commands with hiredis."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.asyncio.connection import AbstractConnection
+from redis.connection import HiredisRespSerializer
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+_PACKER = HiredisRespSerializer()
+
+
+_PACKING: dict[type[AbstractConnection], type[AbstractConnection]] = {}  # one subclass per base
+
+
+def _hiredis_packing(base: type[AbstractConnection]) -> type[AbstractConnection]:
+    """``base`` packing commands in C. redis-py's asyncio connections pack in Python
+    (its sync ones use hiredis): a batch of 32 appends is ~300 arguments, 190 µs to
+    pack in Python and 34 µs with hiredis, byte for byte the same."""
+    found = _PACKING.get(base)
+    if found is not None:
+        return found
+
+    class HiredisPacking(base):  # type: ignore[valid-type,misc]
+        def pack_command(self, *args: Any) -> list[bytes]:
+            return _PACKER.pack(*args)
+
+    HiredisPacking.__name__ = f"HiredisPacking{base.__name__}"
+    _PACKING[base] = HiredisPacking
+    return HiredisPacking
+
+
+class NotSent(RedisConnectionError):
+    """Redis could not be reached: the command never left this process, so a write
+    that failed this way certainly did not happen (safe to retry)."""
+
+
+class _Pool(aioredis.BlockingConnectionPool):
+    """Tells "could not connect" (nothing sent: ``NotSent``) apart from failures
+    after a command was sent, whose outcome is unknown (the write may be applied)."""
+
+    async def get_connection(self, *args: Any, **kwargs: Any) -> AbstractConnection:
+        try:
+            connection = await super().get_connection(*args, **kwargs)
+        except (RedisConnectionError, RedisTimeoutError, OSError, RuntimeError) as exc:
+            # RuntimeError: uvloop's "unable to perform operation on <transport closed>"
+            # when Redis drops the connection during its handshake.
+            raise NotSent(str(exc)) from exc
+        # An idle connection the server closed (a restart) would take the next command
+        # and fail it as "unknown"; redis-py's own check misses a plain EOF, so look here.
+        reader = getattr(connection, "_reader", None)
+        if reader is not None and reader.at_eof():
+            try:
+                await connection.disconnect()
+                await connection.connect()
+            except (RedisConnectionError, RedisTimeoutError, OSError, RuntimeError) as exc:
+                await self.release(connection)
+                raise NotSent(str(exc)) from exc
+            except BaseException:
+                await self.release(connection)
+                raise
+        return connection
+
+
+def connect(url: str, max_connections: int, timeout: float = 5.0) -> aioredis.Redis:
+    """A client on a pool of at most ``max_connections``. A burst of clients (a
+    reconnect herd of SSE readers) queues for a connection (up to 10 s) instead of
+    failing with "too many connections". A command unanswered for ``timeout``
+    seconds fails (redis-py retries nothing here: a resent append could apply twice)."""
+    pool = _Pool.from_url(
+        url,
+        max_connections=max_connections,
+        timeout=10,
+        health_check_interval=30,
+        socket_timeout=timeout,
+        socket_connect_timeout=timeout,
+    )
+    # The URL picks the class (TCP, TLS or Unix socket); it gets the packer on top.
+    pool.connection_class = _hiredis_packing(pool.connection_class)
+    return aioredis.Redis.from_pool(pool)  # owns the pool: closing the client closes its connections

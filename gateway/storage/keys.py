@@ -1,0 +1,82 @@
+"""Redis key names, in one place (the Lua scripts get them in KEYS, except as noted).
+
+A stream's keys share one hash tag, ``{<stream id>}``, so they hash to one Redis
+Cluster slot. The gateway talks to one Redis primary, and two things would not
+run on a cluster unchanged: a batched append (append.lua) carries the keys of
+several streams, and the archive scripts build the segment set's name inside
+Lua (``segs_key`` in lua/_prelude.lua: same hash tag, but not passed in KEYS).
+The stream id is its path with ``%``, ``{`` and ``}`` percent-encoded:
+readable in ``redis-cli``, reversible, and unable to close the hash tag early.
+"""
+
+from __future__ import annotations
+
+PREFIX = "ds"
+
+
+def stream_id(path: str) -> str:
+    return path.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
+
+
+def path_of(stream_id: str) -> str:
+    return stream_id.replace("%7D", "}").replace("%7B", "{").replace("%25", "%")
+
+
+def stream_keys(sid: str) -> list[str]:
+    """meta, log, producers, forks, notify channel: the KEYS every script gets."""
+    tag = f"{PREFIX}:{{{sid}}}"
+    return [f"{tag}:meta", f"{tag}:log", f"{tag}:prod", f"{tag}:forks", f"{tag}:notify"]
+
+
+def lease(sid: str) -> str:
+    """Held by the archive worker working on the stream: a string holding the
+    worker's token, with an expiry the worker keeps renewing. Every archive
+    script gets it in KEYS and refuses to act for any other token (fencing)."""
+    return f"{PREFIX}:{{{sid}}}:lease"
+
+
+def segments(sid: str, incarnation: str) -> str:
+    """An incarnation's archived segments (sorted set; see gateway/archive/segments.py).
+
+    Named by incarnation and never expiring, so the files of a deleted or
+    expired stream stay findable (through ``ARCHIVE_SEGSETS``) until the worker
+    removes them, and a new stream at the same path starts with none.
+    """
+    return f"{PREFIX}:{{{sid}}}:segs:{incarnation}"
+
+
+# Only meta hashes match: what follows a stream's "}" is always ours, and ids hold no "}".
+META_PATTERN = f"{PREFIX}:*:meta"
+# Every segment set's key name, added before the set is first written: the
+# worker finds the archives of deleted streams here, not by matching key names
+# (paths are the users' and may hold ":segs:"). Not in any stream's slot.
+ARCHIVE_SEGSETS = f"{PREFIX}:archive:segsets"
+# Streams with data to archive: score = when to look (ms). Gateways add
+# streams they appended to (NX, about once a second); workers take them.
+ARCHIVE_HINTS = f"{PREFIX}:archive:hints"
+# Set by every running archive worker (with an expiry it keeps renewing): gateways
+# send hints only while it exists, so hints never pile up with no worker to take them.
+ARCHIVE_WORKER_ALIVE = f"{PREFIX}:archive:alive"
+ARCHIVE_RECONCILE = f"{PREFIX}:archive:reconcile"  # who scans for lost hints and dead archives, when
+
+
+def split_segments_key(key: str) -> tuple[str, str]:
+    """(stream id, incarnation) of a segments key; ValueError for any other name."""
+    sid, inc = key_stream_id(key), key[key.rindex("}") + len(":segs:") + 1 :]
+    if not inc or segments(sid, inc) != key:
+        raise ValueError(f"not a segments key: {key!r}")
+    return sid, inc
+
+
+def key_stream_id(key: str) -> str:
+    """The stream id inside any of a stream's key or channel names."""
+    return key[len(PREFIX) + 2 : key.rindex("}")]
+
+
+def notify_channel(sid: str) -> str:
+    return stream_keys(sid)[4]
+
+
+def channel_stream_id(channel: str) -> str:
+    """The stream id a notify channel belongs to."""
+    return key_stream_id(channel)

@@ -1,0 +1,91 @@
+"""What a script's answer or a Redis failure means for the client: the
+ProtocolErrors storage raises, and which Redis errors mean "unavailable"."""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+import redis.exceptions
+
+from ..protocol import offsets
+from ..protocol.errors import ProtocolError, bad_request
+from ..protocol.headers import (
+    PRODUCER_EPOCH,
+    PRODUCER_EXPECTED_SEQ,
+    PRODUCER_RECEIVED_SEQ,
+    STREAM_CLOSED,
+    STREAM_NEXT_OFFSET,
+)
+from ..protocol.models import text
+from ..telemetry.logs import RateLimited
+
+log = logging.getLogger(__name__)
+limited = RateLimited(log)
+# Redis' answers to a write it will not do now (full, a replica, failing disk, ...):
+# nothing was stored, and a retry later may succeed.
+_REFUSALS = re.compile(r"\b(OOM|READONLY|MISCONF|NOREPLICAS|MASTERDOWN|BUSY|LOADING)\b")
+# Errors that mean "Redis is not reachable right now" (as opposed to a bad request).
+UNAVAILABLE = (
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    redis.exceptions.BusyLoadingError,
+)
+
+
+def outcome_unknown() -> ProtocolError:
+    """An append sent to Redis whose answer never came (timeout, connection lost):
+    it may or may not be stored. Not 503 + Retry-After: a blind retry could store
+    it twice. An idempotent producer's retry is safe (the duplicate is recognized)."""
+    return ProtocolError(
+        504,
+        "outcome unknown: storage did not confirm this append, which may or may not be stored; "
+        "retry only with idempotent producer headers (Producer-Id/Epoch/Seq), which make retries safe",
+    )
+
+
+def dropped() -> ProtocolError:
+    return ProtocolError(410, "the data at this offset was dropped by the retention policy")
+
+
+def not_found(status: str) -> ProtocolError:
+    if status == "gone":
+        return ProtocolError(410, "stream was deleted")
+    return ProtocolError(404, "stream not found")
+
+
+def append_error(status: str, result: list[Any]) -> ProtocolError:
+    """An append.lua answer other than 'ok' or 'dup', as the client's error."""
+    if status == "error":  # append.lua caught a failure of this append alone
+        written, message = text(result[1]), text(result[2])
+        refusal = _REFUSALS.search(message)
+        if written == "none" and refusal:
+            limited.log(logging.WARNING, "refused", "redis refused an append: %s", message)
+            reason = f"storage refused the append ({refusal[0]}): not stored"
+            return ProtocolError(503, reason, {"Retry-After": "5"})
+        limited.log(logging.ERROR, "append", "append failed in Redis (%s written): %s", written, message)
+        if written == "none":
+            return ProtocolError(500, "internal error: the append was not stored")
+        return ProtocolError(500, "internal error: the append may be partly stored")
+    if status == "closed":
+        return ProtocolError(
+            409,
+            "stream is closed",
+            {STREAM_CLOSED: "true", STREAM_NEXT_OFFSET: offsets.encode(int(result[1]))},
+        )
+    if status == "ct_mismatch":
+        return ProtocolError(409, "content type does not match the stream's")
+    if status == "seq_regress":
+        return ProtocolError(409, "Stream-Seq must increase")
+    if status == "bad_epoch_seq":
+        return bad_request("a new producer epoch must start at Producer-Seq 0")
+    if status == "stale_epoch":
+        return ProtocolError(403, "stale producer epoch", {PRODUCER_EPOCH: text(result[1])})
+    if status == "seq_gap":
+        return ProtocolError(
+            409,
+            "producer sequence gap",
+            {PRODUCER_EXPECTED_SEQ: text(result[1]), PRODUCER_RECEIVED_SEQ: text(result[2])},
+        )
+    return not_found(status)

@@ -1,0 +1,137 @@
+"""The Store: every stream operation the HTTP handlers call, on Redis.
+
+Most operations are one script call on one stream's keys (one hash tag, see
+keys.py). The exceptions:
+- appends go to Redis in batches (``appends.py``): one append.lua call may
+  carry appends to several streams, so its keys span hash slots;
+- a large read of a byte stream fetches its data after the script, with a
+  MULTI of plain XRANGE on the same stream (``reads.py``);
+- fork creation, fork deletion and reads of a fork's inherited range are
+  sequences of single-stream steps (``forks.py``, ``reads.py``); the comments
+  at each step say why an interruption between steps is harmless.
+The gateway talks to one Redis primary: on Redis Cluster, batches would have
+to be grouped by slot first. This module builds the parts above and holds
+create and delete; appends and reads are passed on to their modules.
+"""
+
+from __future__ import annotations
+
+import json
+
+from redis.asyncio import Redis
+
+from ..archive.cold import ColdReader
+from ..protocol.errors import ProtocolError
+from ..protocol.headers import DEFAULT_CONTENT_TYPE, Expiry, Producer, normalize_content_type
+from ..protocol.models import AppendResult, Chunk, CreateSpec, Meta, text
+from .appends import Appends
+from .forks import ForkPlan, Forks
+from .hints import Hints
+from .outcomes import not_found
+from .reads import Reads
+from .scripts import Scripts
+
+
+class Store:
+    def __init__(
+        self,
+        redis: Redis,
+        cold: ColdReader,
+        max_chunk_bytes: int,
+        notice_payload_bytes: int = 8192,
+        read_inline_bytes: int = 64 * 1024,
+    ) -> None:
+        self.redis = redis
+        self.scripts = Scripts(redis)
+        self.hints = Hints(redis)
+        self.reads = Reads(redis, self.scripts, cold, max_chunk_bytes, read_inline_bytes)
+        self.appends = Appends(self.scripts, self.hints, notice_payload_bytes)
+        self.forks = Forks(redis, self.scripts, self.reads, max_chunk_bytes)
+
+    # -- create, delete -------------------------------------------------------
+
+    async def create(self, sid: str, spec: CreateSpec) -> tuple[bool, Meta]:
+        """PUT: (created, meta). 409 for an existing stream configured otherwise."""
+        if spec.fork_from is None:
+            content_type = spec.content_type or DEFAULT_CONTENT_TYPE
+            return await self._create(
+                sid, spec, content_type, normalize_content_type(content_type), spec.expiry, fork=None
+            )
+        src = spec.fork_from
+        source = await self.forks.pin(sid, src)
+        try:
+            plan = await self.forks.plan(spec, source)
+            return await self._create(sid, spec, source.content_type, source.media_type, plan.expiry, plan)
+        except ProtocolError:
+            await self.forks.release_unless_forked(sid, src)
+            raise
+
+    async def _create(
+        self,
+        sid: str,
+        spec: CreateSpec,
+        content_type: str,
+        media_type: str,
+        expiry: Expiry,
+        fork: ForkPlan | None,
+    ) -> tuple[bool, Meta]:
+        result = await self.scripts.on_stream(
+            "create",
+            sid,
+            content_type,
+            media_type,
+            "" if expiry.ttl_seconds is None else expiry.ttl_seconds,
+            "" if expiry.expires_at_ms is None else expiry.expires_at_ms,
+            expiry.expires_at or "",
+            "1" if spec.closed else "0",
+            fork.source.sid if fork else "",
+            fork.given_offset if fork else "",
+            fork.fork_offset if fork else "",
+            spec.fork_sub_offset,
+            fork.base if fork else 0,
+            json.dumps(fork.chain if fork else []),
+            *spec.entries,
+        )
+        status = text(result[0])
+        if status == "conflict":
+            raise ProtocolError(409, "stream exists with a different configuration")
+        if status == "created" and spec.entries:
+            self.hints.mark(sid)
+        return status == "created", Meta.parse(sid, result[1])
+
+    async def delete(self, sid: str) -> None:
+        result = await self.scripts.on_stream("delete", sid)
+        status = text(result[0])
+        if status in ("missing", "gone"):
+            raise not_found(status)
+        if status == "deleted":
+            await self.hints.forget(sid)
+            await self.forks.release(sid, text(result[1]))
+
+    # -- appends and reads (appends.py, reads.py) -------------------------------
+
+    async def append(
+        self,
+        sid: str,
+        media_type: str,
+        entries: list[bytes],
+        *,
+        close: bool,
+        stream_seq: str | None,
+        producer: Producer | None,
+    ) -> AppendResult:
+        """POST. Concurrent appends go to Redis together (see appends.py)."""
+        return await self.appends.append(
+            sid, media_type, entries, close=close, stream_seq=stream_seq, producer=producer
+        )
+
+    async def head(self, sid: str) -> Meta:
+        return await self.reads.head(sid)
+
+    async def read(self, sid: str, start: int | None) -> Chunk:
+        """Data from ``start`` (None: the tail), up to the chunk size (see reads.py)."""
+        return await self.reads.read(sid, start)
+
+    async def read_shared(self, sid: str, start: int | None, since: float) -> Chunk:
+        """``read``, shared with concurrent live readers (see reads.py)."""
+        return await self.reads.read_shared(sid, start, since)
