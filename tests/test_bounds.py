@@ -165,7 +165,7 @@ def raw_connect(url: str) -> socket.socket:
 
 async def test_slow_bodies_are_cut_off_and_bodies_in_flight_are_capped(redis_url, http) -> None:
     server = await start_gateway(
-        redis_url, body_timeout=1.0, max_inflight_body_bytes=3000, max_body_bytes=2000
+        redis_url, body_timeout=1.0, max_inflight_body_bytes=4500, max_body_bytes=2000
     )
     try:
         url = str(server.make_url(f"/v1/stream/slow-{uuid.uuid4().hex[:8]}"))
@@ -181,8 +181,8 @@ async def test_slow_bodies_are_cut_off_and_bodies_in_flight_are_capped(redis_url
                 answer = s.recv(4096)  # ... and never the rest
             return int(answer.split(b" ", 2)[1]), time.monotonic() - started
 
-        # Two senders hold 2 x 1,500 bytes of the 3,000-byte budget for a second; a third
-        # body then finds no room: 503 with Retry-After, at once.
+        # Two senders each reserve their declared 2,000 bytes of the 4,500-byte budget and
+        # stall; a third body then finds no room: 503 with Retry-After, at once.
         holders = [asyncio.create_task(asyncio.to_thread(slow_sender, 2000, 1500)) for _ in range(2)]
         await asyncio.sleep(0.3)
         async with http.post(url, data=b"y" * 1000, headers=TEXT) as r:
