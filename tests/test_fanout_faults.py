@@ -7,15 +7,17 @@ Real redis-server processes only; every wait is bounded, none is timed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import signal
 import uuid
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable
 
 import aiohttp
 import redis.asyncio as aioredis
 
+from gateway.http.app import GATEWAY
 from gateway.storage import keys
 from gateway.storage.channels import Watch
 from gateway.storage.fanout import Fanout
@@ -238,3 +240,44 @@ async def test_a_deleted_notice_wakes_parked_readers() -> None:
     assert parked.is_set() and plain.is_set()
     small = notices.parse(b"5 7 0 2\nab")
     assert notices.stitch([small, None], 5) is None and notices.stitch([small], 5) is not None
+
+
+async def test_an_append_between_an_sse_readers_first_read_and_its_registration(redis_url: str) -> None:
+    """SSE reads first, then registers with the fan-out. On a channel other readers keep
+    subscribed, an append (and its notice) in between reaches only them: the new reader
+    must look again rather than sleep until its cycle ends (found by the chaos run)."""
+    server = await start_gateway(redis_url, sse_heartbeat_seconds=1.0, sse_cycle_seconds=30.0)
+    gw = server.app[GATEWAY]
+    name = f"between-{uuid.uuid4().hex[:8]}"
+    url = str(server.make_url(f"/v1/stream/{name}"))
+    text = {"Content-Type": "text/plain"}
+    async with aiohttp.ClientSession() as http:
+        try:
+            async with http.put(url, headers=text) as r:
+                tail = r.headers["Stream-Next-Offset"]
+            first = await http.get(
+                url, params={"offset": tail, "live": "sse"}
+            )  # keeps the channel subscribed
+            await read_sse(first, "upToDate")
+            register = gw.fanout.watch
+
+            @contextlib.asynccontextmanager
+            async def watch_after_an_append(sid: str) -> AsyncIterator[Watch]:
+                await gw.store.append(
+                    sid, "text/plain", [b"between"], close=False, stream_seq=None, producer=None
+                )
+                await asyncio.sleep(0.2)  # its notice reaches the readers registered now
+                async with register(sid) as watch:
+                    yield watch
+
+            gw.fanout.watch = watch_after_an_append  # type: ignore[method-assign]
+            second = await http.get(url, params={"offset": tail, "live": "sse"})
+            gw.fanout.watch = register  # type: ignore[method-assign]
+            events = await asyncio.wait_for(read_sse(second, 'upToDate":true'), 0.5)
+            while not any(kind == "data" for kind, _ in events):
+                events += await asyncio.wait_for(read_sse(second, "upToDate"), 3.0)
+            assert [data for kind, data in events if kind == "data"] == ["between"]
+            first.close()
+            second.close()
+        finally:
+            await server.close()

@@ -146,7 +146,8 @@ async def sse(
     event saying where to resume. A Redis outage does not end it: reads are
     retried, and the fan-out wakes every reader once Redis is back.
     """
-    chunk = await gw.store.read_shared(sid, start, time.monotonic())  # 404 and friends first
+    first_read = time.monotonic()
+    chunk = await gw.store.read_shared(sid, start, first_read)  # 404 and friends first
     text = is_text(chunk.meta.content_type)
     chunk = _whole_characters(chunk, text)
     headers = {
@@ -201,7 +202,9 @@ async def sse(
         async with gw.fanout.watch(sid) as watch:
             await send(chunk)
             sink = _SseSink(transport, text=text, is_json=chunk.meta.is_json, cursor=cursor, chunked=chunked)
-            unread = False  # woken (or a read failed) and not yet read since
+            # The first read came before the registration: an append in between reaches only
+            # readers registered then, so look again if the channel moved since (as long-poll does).
+            unread = watch.moved_since(first_read)  # woken (or a read failed) and not yet read since
             while not chunk.eof and not watch.stopping and loop.time() < deadline:
                 if chunk.up_to_date and not unread:
                     sink.position = chunk.end

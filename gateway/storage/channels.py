@@ -105,6 +105,11 @@ class Watch:
         the subscription's confirmation, or the channel's latest notice."""
         return max(self._confirmed_at, self._channel.notified_at)
 
+    def moved_since(self, moment: float) -> bool:
+        """Whether a read begun at ``moment`` (time.monotonic()) may have missed
+        something: a notice or (re)subscription since, or no subscription yet."""
+        return self._channel.notified_at >= moment or not self._channel.confirmed.done()
+
     def delivery(self, start: int) -> notices.Delivery | None:
         """What the latest notices say happened from ``start`` on, when they
         say all of it (small appends, nothing missed); else None: read Redis."""
