@@ -22,8 +22,8 @@ from redis.asyncio import Redis
 
 from ..archive.cold import ColdReader
 from ..protocol.errors import ProtocolError
-from ..protocol.headers import DEFAULT_CONTENT_TYPE, Expiry, Producer, normalize_content_type
-from ..protocol.models import AppendResult, Chunk, CreateSpec, Meta, text
+from ..protocol.headers import DEFAULT_CONTENT_TYPE, Expiry, normalize_content_type
+from ..protocol.models import CreateSpec, Meta, text
 from .appends import Appends
 from .forks import ForkPlan, Forks
 from .hints import Hints
@@ -47,6 +47,12 @@ class Store:
         self.reads = Reads(redis, self.scripts, cold, max_chunk_bytes, read_inline_bytes)
         self.appends = Appends(self.scripts, self.hints, notice_payload_bytes)
         self.forks = Forks(redis, self.scripts, self.reads, max_chunk_bytes)
+        # Appends and reads are the collaborators' own methods, bound here: no wrapper that
+        # repeats their signatures and costs every request a coroutine (see appends.py, reads.py).
+        self.append = self.appends.append
+        self.head = self.reads.head
+        self.read = self.reads.read
+        self.read_shared = self.reads.read_shared
 
     # -- create, delete -------------------------------------------------------
 
@@ -107,31 +113,3 @@ class Store:
         if status == "deleted":
             await self.hints.forget(sid)
             await self.forks.release(sid, text(result[1]))
-
-    # -- appends and reads (appends.py, reads.py) -------------------------------
-
-    async def append(
-        self,
-        sid: str,
-        media_type: str,
-        entries: list[bytes],
-        *,
-        close: bool,
-        stream_seq: str | None,
-        producer: Producer | None,
-    ) -> AppendResult:
-        """POST. Concurrent appends go to Redis together (see appends.py)."""
-        return await self.appends.append(
-            sid, media_type, entries, close=close, stream_seq=stream_seq, producer=producer
-        )
-
-    async def head(self, sid: str) -> Meta:
-        return await self.reads.head(sid)
-
-    async def read(self, sid: str, start: int | None) -> Chunk:
-        """Data from ``start`` (None: the tail), up to the chunk size (see reads.py)."""
-        return await self.reads.read(sid, start)
-
-    async def read_shared(self, sid: str, start: int | None, since: float) -> Chunk:
-        """``read``, shared with concurrent live readers (see reads.py)."""
-        return await self.reads.read_shared(sid, start, since)
