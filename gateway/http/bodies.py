@@ -67,15 +67,17 @@ async def read_body(request: web.Request, *, max_bytes: int, timeout: float, bud
         inflater = zlib.decompressobj(wbits=_ENCODINGS[encoding])
     else:
         raise ProtocolError(415, f"Content-Encoding {encoding[:40]!r} is not supported (gzip, deflate)")
-    # What arrives (compressed or not) is bounded too: compression adds a little to
-    # data that does not compress, never more than this.
-    max_raw = max_bytes + max_bytes // 64 + 1024
     declared = request.content_length
-    if declared is not None and declared > (max_raw if inflater else max_bytes):
+    if inflater is None:
+        if declared is not None and declared > max_bytes:
+            raise _too_large(max_bytes)
+        return await _read_plain(request, declared, max_bytes, timeout, budget)
+    # What arrives compressed is bounded too: compression adds a little to data that
+    # does not compress, never more than this.
+    max_raw = max_bytes + max_bytes // 64 + 1024
+    if declared is not None and declared > max_raw:
         raise _too_large(max_bytes)
     content = request.content
-    if inflater is None:
-        return await _read_plain(request, declared, max_bytes, timeout, budget)
     parts: list[bytes] = []
     size = raw = 0
     try:
