@@ -53,6 +53,38 @@ class Settings:
     archive_lease_seconds: float = 30.0
     metrics_port: int = 0
     retention_seconds: float = 0.0
+    # access control (README, Security): on as soon as any credential source is set
+    auth_tokens_file: str | None = None
+    auth_jwt_key_file: str | None = None
+    auth_jwks_url: str | None = None
+    auth_jwt_algorithms: str = ""
+    auth_jwt_audience: str | None = None
+    auth_jwt_issuer: str | None = None
+    auth_jwt_claim: str = "streams"
+    auth_jwks_cache_seconds: float = 300.0
+    auth_anonymous: str = ""
+    auth_signing_key_file: str | None = None
+    auth_signed_url_max_seconds: float = 3600.0
+    trusted_proxy_hops: int = 0
+    public_url: str | None = None
+    cors_origins: str | None = None
+    cors_methods: str = "GET, HEAD, POST, PUT, DELETE, OPTIONS"
+    cors_credentials: bool = False
+    admin_port: int = 0
+    rate_limits: str = ""
+    max_live_connections: int = 20000
+    max_live_per_credential: int = 1000
+
+    @property
+    def auth_enabled(self) -> bool:
+        """Access control is on once any source of credentials or grants is configured."""
+        return bool(
+            self.auth_tokens_file
+            or self.auth_jwt_key_file
+            or self.auth_jwks_url
+            or self.auth_signing_key_file
+            or self.auth_anonymous.strip()
+        )
 
     @property
     def archive_location(self) -> str:
@@ -129,6 +161,38 @@ HELP = {
     "metrics_port": "serve Prometheus metrics on this port at --host (0: off)",
     "retention_seconds": "drop archived data older than this while the stream goes on; reads "
     "of it answer 410 (0: keep everything)",
+    "auth_tokens_file": "JSON file of static bearer tokens (or their SHA-256), each with grants "
+    "(read/write/admin on path prefixes); README, Security",
+    "auth_jwt_key_file": "verify JWT bearer tokens with this key: a PEM public key (RS256, ES256, "
+    "EdDSA) or a file holding an HS256 secret",
+    "auth_jwks_url": "verify JWT bearer tokens against the keys published at this JWKS URL "
+    "(cached; refetched on an unknown key id, so rotation needs no restart)",
+    "auth_jwt_algorithms": "JWT algorithms accepted, comma-separated (default: HS256 for a "
+    "secret, RS256/ES256/EdDSA for a public key or JWKS)",
+    "auth_jwt_audience": "JWTs must carry this 'aud'",
+    "auth_jwt_issuer": "JWTs must carry this 'iss'",
+    "auth_jwt_claim": 'the JWT claim holding grants, e.g. {"read": ["chat/"]} or '
+    "\"read:chat/ write:chat/42/\" (the standard 'scope' claim is read the same way)",
+    "auth_jwks_cache_seconds": "how long fetched JWKS keys are used before they are fetched again",
+    "auth_anonymous": "grants for requests without credentials, e.g. 'read:public/' (empty: none)",
+    "auth_signing_key_file": "file holding the HMAC key of signed URLs ("
+    "mints them at /auth/sign; for browsers and EventSource, which cannot send headers)",
+    "auth_signed_url_max_seconds": "longest lifetime a signed URL may be given",
+    "trusted_proxy_hops": "proxies in front of the gateway that append to X-Forwarded-For (e.g. 1 "
+    "for an ingress): anonymous clients are then told apart by the address the outermost one saw",
+    "public_url": "the server's public base URL (e.g. https://streams.example.com): Location "
+    "headers are built from it instead of the request's Host",
+    "cors_origins": "origins browsers may call from, comma-separated, or '*' (default: local "
+    "origins with auth off, none with auth on)",
+    "cors_methods": "methods allowed cross-origin",
+    "cors_credentials": "allow cross-origin requests with cookies/HTTP auth (needs explicit origins)",
+    "admin_port": "serve /metrics, /healthz and /readyz on this port only, not on the public "
+    "one (0: on the public port; /metrics then needs admin access when auth is on)",
+    "rate_limits": "token buckets kept in Redis, shared by all gateways, e.g. "
+    "'write:=100/s+200 read:chat/=50/s anonymous:read:=10/s' (README, Security)",
+    "max_live_connections": "live reads (SSE, long-poll) one process holds at once; more get 503",
+    "max_live_per_credential": "live reads one credential (or anonymous client address) may "
+    "hold on one process; more get 503",
 }
 
 

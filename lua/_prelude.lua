@@ -13,6 +13,10 @@
 -- written (pending), -2 a replaced file still to delete. Meta field 'arch' is
 -- where the Redis log starts (everything below is in files), 'floor' where
 -- retained data starts, 'inc' the incarnation the segment keys are named by.
+-- Forks: 'uid' names this incarnation in its forks' chains (set by fork_ref.lua
+-- when first forked); a fork has 'src', 'chain' and 'chain_uids' (what it
+-- reads from which ancestor incarnation), 'src_uid', and 'weak' if it does
+-- not pin its source (gateway/storage/forks.py). FORKS holds pinning forks only.
 -- Positions are byte positions in the stream; the log entry that starts at
 -- position P has the id "P-1" (0-0 is not a valid stream id).
 local META, LOG, PROD, FORKS, CHANNEL = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]

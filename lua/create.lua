@@ -4,12 +4,18 @@
 --   6 '1' to create closed, 7 fork source id ('' not a fork), 8 fork offset
 --   the client gave ('' none: not compared), 9 fork offset to record,
 --   10 fork sub-offset, 11 base position (where this stream's own log
---   starts: the fork point, else 0), 12 fork read chain (JSON),
---   13.. initial entries.
+--   starts: the fork point, else 0), 12 fork read chain (JSON: the ranges
+--   inherited, [[ancestor id, from, to], ...], oldest first), 13 the
+--   incarnation of each of those ancestors (JSON: [their meta 'uid', ...],
+--   recorded as 'chain_uids'; a fork made before incarnations were has none),
+--   14 the source's incarnation (its 'uid', recorded as 'src_uid'; '' not a
+--   fork), 15 '1' for a weak fork (recorded as 'weak': not in its source's
+--   FORKS, see fork_ref.lua), 16.. initial entries.
 -- Returns {'created', meta} | {'exists', meta} | {'conflict', source id of the
 --   existing stream or ''}.
 local ct, ctn, ttl, exp_at, expires, closed = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local src, fork_off, fork_sub, base, chain = ARGV[7], ARGV[8], ARGV[10], ARGV[11], ARGV[12]
+local chain_uids, src_uid, weak = ARGV[13], ARGV[14], ARGV[15]
 local now = now_ms()
 local m, status = open_stream(now)
 if status == 'gone' then return {'conflict', m.src or ''} end
@@ -17,6 +23,9 @@ if status == 'ok' then
   local same = m.ctn == ctn and (m.ttl or '') == ttl and (m.expires or '') == expires
     and (m.closed or '0') == closed and (m.src or '') == src
     and (fork_off == '' or m.fork_off == fork_off) and (m.fork_sub or '0') == fork_sub
+    -- a fork of another stream at the same path is not the same fork (one made
+    -- before incarnations were recorded has none: its source is pinned, so the same)
+    and (m.src_uid == nil or m.src_uid == src_uid)
   if same then
     touch(m, now, 0)
     return {'exists', flat(m)}
@@ -28,9 +37,11 @@ m = {ct = ct, ctn = ctn, base = base, tail = base, created = fmt(now)}
 if ttl ~= '' then m.ttl = ttl; m.exp = fmt(now + tonumber(ttl) * 1000) end
 if expires ~= '' then m.expires = expires; m.exp = exp_at end
 if src ~= '' then
-  m.src = src; m.fork_off = ARGV[9]; m.fork_sub = fork_sub; m.chain = chain
+  m.src = src; m.fork_off = ARGV[9]; m.fork_sub = fork_sub
+  m.chain = chain; m.chain_uids = chain_uids; m.src_uid = src_uid
+  if weak == '1' then m.weak = '1' end
 end
-m.tail = fmt(add_entries(m, 13, #ARGV, now))
+m.tail = fmt(add_entries(m, 16, #ARGV, now))
 if closed == '1' then m.closed = '1' end
 redis.call('HSET', META, unpack(flat(m)))
 if m.exp then apply_expiry(m) end

@@ -1,6 +1,9 @@
 -- delete.lua: DELETE. Removes the stream, or soft-deletes it while forks
--- still read its data (reads of its own URL then answer 410).
--- Returns {'deleted', source id or ''} | {'soft'} | {'missing'} | {'gone'}.
+-- still read its data (reads of its own URL then answer 410). Only pinning
+-- forks count (FORKS, see fork_ref.lua): a stream with weak forks alone is
+-- removed, and their reads of what they inherited from it answer 410.
+-- Returns {'deleted', source id or '', the source incarnation (meta 'src_uid')
+--   or ''} | {'soft'} | {'missing'} | {'gone'}.
 return with_stream(now_ms(), function(m)
   redis.call('PUBLISH', CHANNEL, 'deleted')
   if redis.call('SCARD', FORKS) > 0 then
@@ -9,5 +12,5 @@ return with_stream(now_ms(), function(m)
     return {'soft'}
   end
   drop()
-  return {'deleted', m.src or ''}
+  return {'deleted', m.src or '', m.src_uid or ''}
 end)

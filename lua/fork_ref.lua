@@ -1,9 +1,28 @@
--- fork_ref.lua: run on a fork's source before the fork is created. Records
--- the fork (a set, so retries count once) and pins the source's data.
--- ARGV: 1 the fork's id.
--- Returns {'ok', source meta} | {'missing'} | {'gone'}.
-return with_stream(now_ms(), function(m)
-  redis.call('SADD', FORKS, ARGV[1])
+-- fork_ref.lua: run on a fork's source before the fork is created (and on the
+-- ancestors of an old chain, see 'stamp').
+-- ARGV: 1 the fork's id, 2 how: 'pin' records the fork in FORKS (a set, so
+--   retries count once), which holds the source's data: deleted or expired, the
+--   source is only soft-deleted while FORKS is not empty; 'weak' records
+--   nothing (a weak fork holds nothing: the source goes as if unforked, and the
+--   fork's chain names this incarnation, so its reads refuse whatever holds the
+--   path later); 'stamp' only gives the stream an incarnation id, soft-deleted
+--   included (the ancestors of a chain recorded before incarnations were),
+--   3 a fresh incarnation id: stored as meta 'uid' if the stream has none yet
+--   (uid is set once, the first time a stream is forked, and names this
+--   incarnation in its forks' chains; a stream at the same path later gets
+--   another).
+-- Returns {'ok', source meta, '1' if this call added the fork to FORKS else '0'}
+--   | {'missing'} | {'gone'} (never for 'stamp').
+local how, now = ARGV[2], now_ms()
+local m, status = open_stream(now)
+if status == 'missing' or (status == 'gone' and how ~= 'stamp') then return {status} end
+if not m.uid then
+  m.uid = ARGV[3]
+  redis.call('HSET', META, 'uid', m.uid)
+end
+local added = 0
+if how == 'pin' then
+  added = redis.call('SADD', FORKS, ARGV[1])
   apply_expiry(m)
-  return {'ok', flat(m)}
-end)
+end
+return {'ok', flat(m), tostring(added)}

@@ -17,8 +17,8 @@ echo "== mypy"
 
 echo "== conformance suite (@durable-streams/server-conformance-tests)"
 .venv/bin/python tests/conformance/run.py
-echo "== conformance suite again: archive worker at hot window 0 (reads from Parquet), bulk reads"
-.venv/bin/python tests/conformance/run.py --archive
+echo "== conformance suite again: access control + rate limits on, archive worker at hot window 0 (reads from Parquet), bulk reads"
+.venv/bin/python tests/conformance/run.py --archive --auth
 
 echo "== pytest"
 .venv/bin/python -m pytest -rs "$@"   # -rs: say why anything was skipped (e.g. no helm)

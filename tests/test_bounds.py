@@ -27,6 +27,7 @@ from gateway.config import Settings
 from gateway.http.app import GATEWAY, endpoint
 from gateway.http.bodies import BodyBudget
 from gateway.http.context import Gateway
+from gateway.http.guard import Guard
 from gateway.protocol import offsets
 from gateway.storage import keys
 from gateway.storage.limits import MAX_FORK_DEPTH, MAX_READ_ENTRIES, MAX_SCRIPT_ENTRIES
@@ -291,7 +292,10 @@ async def test_a_client_gone_is_no_error(caplog) -> None:
         raise ClientConnectionResetError("Cannot write to closing transport")
 
     app = web.Application()
-    app[GATEWAY] = Gateway(settings=Settings(), store=None, fanout=None, bodies=BodyBudget(1))  # type: ignore[arg-type]
+    settings = Settings()
+    app[GATEWAY] = Gateway(
+        settings=settings, store=None, fanout=None, bodies=BodyBudget(1), guard=Guard(settings)
+    )  # type: ignore[arg-type]
     request = make_mocked_request("GET", "/v1/stream/x", app=app)
     with caplog.at_level(logging.INFO):
         response = await endpoint(handler, "stream")(request)

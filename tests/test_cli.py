@@ -25,8 +25,6 @@ def test_help_lists_every_setting() -> None:
     assert "DURABLE_STREAMS_REDIS_URL" in out.stdout
 
 
-
-
 def _serve(tmp_path, *args: str) -> tuple[subprocess.Popen, int]:
     """``durable-streams serve`` with an embedded Redis, as a user starts it."""
     try:

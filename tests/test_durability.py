@@ -101,8 +101,6 @@ def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DURABLE_STREAMS_REDIS_URL")}
 
 
-
-
 def test_embedded_redis_fsyncs_every_write(tmp_path: Path) -> None:
     """The embedded Redis of `durable-streams serve` runs with fsync on every write."""
     _needs_redis_server()

@@ -105,8 +105,6 @@ async def _status(http: aiohttp.ClientSession, url: str) -> int:
         return 0
 
 
-
-
 @pytest.mark.parametrize("workers", [1, 2])
 async def test_a_killed_embedded_redis_is_restarted(tmp_path: Path, workers: int) -> None:
     """SIGKILL the embedded redis-server under appends: /healthz goes 503, the

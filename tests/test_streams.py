@@ -238,25 +238,29 @@ async def test_head_and_security_headers(http: aiohttp.ClientSession, url: str) 
 
 async def test_every_answer_has_security_headers(http: aiohttp.ClientSession, url: str, gateway: str) -> None:
     """Browsers need CORS on errors too: 4xx from the protocol, from aiohttp (413), from
-    routing (404/405), and on event streams, whose headers go out before the handler ends."""
+    routing (404/405), and on event streams, whose headers go out before the handler ends.
+    With access control off, pages served from this machine are the allowed origins."""
     await http.put(url, headers=TEXT)
     root = gateway.split("/v1/stream")[0]
+    local = {"Origin": "http://localhost:5173"}
     answers = [
-        (http.post(url, data=b"x" * 5000, headers=TEXT), 413),
-        (http.post(url, data=b"[1]", headers={"Content-Type": "application/json"}), 409),
-        (http.get(url + "?offset=abc"), 400),
-        (http.get(url + "-missing"), 404),
-        (http.get(root + "/nowhere"), 404),
-        (http.patch(url), 405),
-        (http.post(root + "/healthz"), 405),
-        (http.head(root + "/healthz"), 200),
-        (http.get(url + "?offset=-1&live=sse"), 200),
+        (http.post(url, data=b"x" * 5000, headers={**TEXT, **local}), 413),
+        (http.post(url, data=b"[1]", headers={"Content-Type": "application/json", **local}), 409),
+        (http.get(url + "?offset=abc", headers=local), 400),
+        (http.get(url + "-missing", headers=local), 404),
+        (http.get(root + "/nowhere", headers=local), 404),
+        (http.patch(url, headers=local), 405),
+        (http.post(root + "/healthz", headers=local), 405),
+        (http.head(root + "/healthz", headers=local), 200),
+        (http.get(url + "?offset=-1&live=sse", headers=local), 200),
     ]
     for request, status in answers:
         async with request as r:
             assert r.status == status, (r.method, r.url)
             assert r.headers["X-Content-Type-Options"] == "nosniff", (r.method, r.url)
-            assert r.headers["Access-Control-Allow-Origin"] == "*"
+            assert r.headers["Content-Security-Policy"].startswith("sandbox"), (r.method, r.url)
+            assert r.headers["Access-Control-Allow-Origin"] == "http://localhost:5173", (r.method, r.url)
+            assert "Origin" in r.headers["Vary"]
             if status == 405:
                 assert "GET" in r.headers["Allow"]
 

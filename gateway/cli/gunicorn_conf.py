@@ -18,7 +18,10 @@ import math
 import os
 
 _env = os.environ.get
-bind = f"{_env('DURABLE_STREAMS_HOST', '127.0.0.1')}:{_env('DURABLE_STREAMS_PORT', '4437')}"
+_host = _env("DURABLE_STREAMS_HOST", "127.0.0.1")
+bind = [f"{_host}:{_env('DURABLE_STREAMS_PORT', '4437')}"]
+if int(_env("DURABLE_STREAMS_ADMIN_PORT", "0")):  # /metrics and health on their own port
+    bind.append(f"{_host}:{_env('DURABLE_STREAMS_ADMIN_PORT')}")
 workers = int(_env("DURABLE_STREAMS_WORKERS", "1"))
 worker_class = "aiohttp.GunicornUVLoopWebWorker"
 # On SIGTERM, live responses end at once (SSE with a final control event,

@@ -10,6 +10,7 @@ import math
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 from importlib.metadata import entry_points
@@ -80,6 +81,7 @@ def serve(settings: config.Settings) -> None:
             app,
             host=settings.host,
             port=settings.port,
+            sock=_admin_socket(settings),
             print=lambda *_: log.info(
                 "serving on http://%s:%s%s/", settings.host, settings.port, settings.prefix.rstrip("/")
             ),
@@ -96,6 +98,13 @@ def serve(settings: config.Settings) -> None:
                 raise RuntimeError(supervisor.failure)
 
 
+def _admin_socket(settings: config.Settings) -> socket.socket | None:
+    """The admin listener (/metrics, /healthz, /readyz), when --admin-port is set."""
+    if not settings.admin_port:
+        return None
+    return socket.create_server((settings.host, settings.admin_port), reuse_port=False)
+
+
 def _run_gunicorn(settings: config.Settings, redis_url: str, embedded: bool = False) -> None:
     """N worker processes on one port, configured by ``gateway/cli/gunicorn_conf.py``."""
     from gunicorn.app.base import BaseApplication
@@ -109,6 +118,8 @@ def _run_gunicorn(settings: config.Settings, redis_url: str, embedded: bool = Fa
         own_dir = os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="durable-streams-metrics-")
     from ..http.app import create_app  # after the variable: prometheus-client reads it at import
 
+    create_app(settings, redis_url)  # a bad setting stops the start here, not in every worker
+
     class Gateway(BaseApplication):
         def load_config(self) -> None:
             for name in ("worker_class", "graceful_timeout", "timeout", "keepalive", "accesslog",
@@ -116,7 +127,10 @@ def _run_gunicorn(settings: config.Settings, redis_url: str, embedded: bool = Fa
                 self.cfg.set(name, getattr(gunicorn_conf, name))
             self.cfg.set("graceful_timeout", math.ceil(settings.shutdown_seconds))  # gunicorn: whole seconds
             self.cfg.set("keepalive", math.ceil(settings.keepalive_seconds))
-            self.cfg.set("bind", f"{settings.host}:{settings.port}")
+            binds = [f"{settings.host}:{settings.port}"]
+            if settings.admin_port:  # every worker serves both; the app tells them apart by port
+                binds.append(f"{settings.host}:{settings.admin_port}")
+            self.cfg.set("bind", binds)
             self.cfg.set("workers", settings.workers)
             self.cfg.set("loglevel", settings.log_level)
 

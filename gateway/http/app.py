@@ -17,17 +17,18 @@ from ..archive.cold import ColdReader
 from ..archive.files import Archive
 from ..config import Settings, from_env
 from ..protocol.errors import ProtocolError
-from ..protocol.responses import SECURITY
 from ..storage import client as redis_client
 from ..storage import durability
 from ..storage.fanout import Fanout
 from ..storage.outcomes import UNAVAILABLE
+from ..storage.ratelimit import RateLimiter
 from ..storage.store import Store
 from ..telemetry import metrics
 from ..telemetry.logs import QUIET_MALFORMED, RateLimited
 from . import handlers
 from .bodies import BodyBudget
 from .context import GATEWAY, Gateway
+from .guard import Guard
 
 log = logging.getLogger(__name__)
 limited = RateLimited(log)
@@ -35,6 +36,8 @@ CLEANUP_STEP_SECONDS = 5.0  # each shutdown step; none may hold a shutdown past 
 HINTS_TASK = web.AppKey("hints_task", asyncio.Task)
 EMBEDDED_REDIS = web.AppKey("embedded_redis", str)  # the URL of the Redis this server runs itself
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Admit = Callable[[Guard, web.Request], Awaitable[None]]  # a Guard check a route's requests pass
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
 def _error_response(request: web.Request, exc: Exception) -> web.Response:
@@ -61,15 +64,18 @@ def _stream_route(request: web.Request) -> str:
     return f"stream-{mode}" if mode in ("sse", "long-poll") else "stream"
 
 
-def _secure(headers: CIMultiDict[str]) -> None:
-    """CORS and browser-safety headers on every answer (unless a handler chose its own)."""
-    for name, value in SECURITY.items():
-        headers.setdefault(name, value)
+def _secure(request: web.Request, headers: CIMultiDict[str]) -> None:
+    gw = request.app.get(GATEWAY)
+    if gw is not None:
+        gw.guard.secure(request, headers)
 
 
-def endpoint(handler: Handler, route: str | Callable[[web.Request], str]) -> Handler:
-    """A route's handler with what every request gets: errors answered (never a bare 500
-    page), security headers, and the request metrics.
+def endpoint(
+    handler: Handler, route: str | Callable[[web.Request], str], admit: Admit | None = None
+) -> Handler:
+    """A route's handler with what every request gets: admission (``admit`` picks the
+    Guard's check: origin, credentials, rate limits), errors answered (never a bare
+    500 page), security headers, and the request metrics.
 
     One wrapper per route rather than aiohttp middlewares and an on_response_prepare
     signal: each middleware layer costs every request a coroutine and a partial, the
@@ -80,16 +86,18 @@ def endpoint(handler: Handler, route: str | Callable[[web.Request], str]) -> Han
         started, status = time.perf_counter(), 500
         try:
             try:
+                if admit is not None:
+                    await admit(request.app[GATEWAY].guard, request)
                 response = await handler(request)
             except Exception as exc:
                 response = _error_response(request, exc)
             status = response.status
             if not response.prepared:  # an event stream sent its own headers already
-                _secure(response.headers)
+                _secure(request, response.headers)
             return response
         except web.HTTPException as exc:  # aiohttp's own answers, e.g. 413 from request.read()
             status = exc.status
-            _secure(exc.headers)
+            _secure(request, exc.headers)
             raise
         finally:
             request.app[GATEWAY].bodies.release(request)
@@ -115,11 +123,16 @@ def _add_routes(
     path: str,
     route: str | Callable[[web.Request], str],
     handlers: Mapping[str, Handler],
+    admit: Admit | None = None,
 ) -> None:
     """``handlers`` by method on ``path``, and a 405 for any other method, all through ``endpoint``."""
     for method, handler in handlers.items():
-        app.router.add_route(method, path, endpoint(handler, route))
-    app.router.add_route("*", path, endpoint(_method_not_allowed(list(handlers)), route))
+        app.router.add_route(method, path, endpoint(handler, route, admit))
+    app.router.add_route("*", path, endpoint(_method_not_allowed(list(handlers)), route, admit))
+
+
+def _admit_ops(route: str) -> Admit:
+    return lambda guard, request: guard.admit_ops(request, route)
 
 
 async def metrics_page(request: web.Request) -> web.Response:
@@ -139,7 +152,8 @@ async def healthz(request: web.Request) -> web.Response:
         try:
             await client.ping()
         except Exception as exc:
-            return web.Response(status=503, text=f"embedded redis down: {exc}\n")
+            limited.log(logging.WARNING, "healthz", "embedded redis down: %s", exc)
+            return web.Response(status=503, text="embedded storage down\n")
         finally:
             await client.aclose()
     return web.Response(text="ok\n")
@@ -150,8 +164,9 @@ async def readyz(request: web.Request) -> web.Response:
     try:
         await gw.store.redis.ping()
         loaded = await gw.store.redis.script_exists(*gw.store.scripts.shas())
-    except Exception as exc:
-        return web.Response(status=503, text=f"redis not ready: {exc}\n")
+    except Exception as exc:  # the details (addresses, paths) go to the log, not to whoever asks
+        limited.log(logging.WARNING, "readyz", "not ready: redis: %s", exc)
+        return web.Response(status=503, text="not ready: storage unavailable\n")
     if not all(loaded):
         await gw.store.scripts.load()
     return web.Response(text="ready\n")
@@ -177,6 +192,16 @@ def create_app(settings: Settings, redis_url: str, *, embedded: bool = False) ->
     app = web.Application(client_max_size=settings.max_body_bytes, handler_args={"auto_decompress": False})
     if embedded:
         app[EMBEDDED_REDIS] = redis_url
+    try:
+        guard = Guard(settings)  # reads token files and keys now: a bad one stops the start
+    except (OSError, ValueError) as exc:
+        raise RuntimeError(f"access control: {exc}") from None
+    if not settings.auth_enabled and settings.host not in LOOPBACK:
+        log.warning(
+            "ACCESS CONTROL IS OFF while listening on %s: anyone who can reach this port can read, "
+            "write and delete every stream (README, Security)",
+            settings.host,
+        )
 
     async def startup(app: web.Application) -> None:
         client = redis_client.connect(redis_url, settings.redis_max_connections, settings.redis_timeout)
@@ -190,8 +215,13 @@ def create_app(settings: Settings, redis_url: str, *, embedded: bool = False) ->
         await store.scripts.load()
         fanout = Fanout(pubsub_client)
         await fanout.start()
+        guard.attach(RateLimiter(client, store.scripts))
         app[GATEWAY] = Gateway(
-            settings=settings, store=store, fanout=fanout, bodies=BodyBudget(settings.max_inflight_body_bytes)
+            settings=settings,
+            store=store,
+            fanout=fanout,
+            bodies=BodyBudget(settings.max_inflight_body_bytes),
+            guard=guard,
         )
         store.hints.enabled = settings.archive_hints
         app[HINTS_TASK] = asyncio.create_task(store.hints.run())
@@ -204,6 +234,7 @@ def create_app(settings: Settings, redis_url: str, *, embedded: bool = False) ->
         gw = app[GATEWAY]
         gw.store.hints.stop()
         for name, step in (
+            ("access control", gw.guard.close()),
             ("archive hints", app[HINTS_TASK]),
             ("fan-out", gw.fanout.close()),
             ("redis", gw.store.redis.aclose()),
@@ -225,8 +256,10 @@ def create_app(settings: Settings, redis_url: str, *, embedded: bool = False) ->
         "GET": handlers.get_stream,
         "OPTIONS": handlers.options_stream,
     }
-    _add_routes(app, settings.prefix.rstrip("/") + "/{path:.*}", _stream_route, stream)
+    _add_routes(app, "/auth/sign", "sign", {"POST": handlers.sign_url})
     for path, handler in (("/healthz", healthz), ("/readyz", readyz), ("/metrics", metrics_page)):
-        _add_routes(app, path, path.strip("/"), {"GET": handler, "HEAD": handler})
+        name = path.strip("/")
+        _add_routes(app, path, name, {"GET": handler, "HEAD": handler}, _admit_ops(name))
+    _add_routes(app, settings.prefix.rstrip("/") + "/{path:.*}", _stream_route, stream, Guard.admit_stream)
     app.router.add_route("*", "/{anything:.*}", endpoint(_not_found, "other"))
     return app

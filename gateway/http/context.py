@@ -10,6 +10,7 @@ from ..config import Settings
 from ..storage.fanout import Fanout
 from ..storage.store import Store
 from .bodies import BodyBudget
+from .guard import Guard
 
 
 @dataclass
@@ -18,6 +19,7 @@ class Gateway:
     store: Store
     fanout: Fanout
     bodies: BodyBudget
+    guard: Guard
 
 
 GATEWAY = web.AppKey("gateway", Gateway)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import re
-from urllib.parse import unquote
+import time
+from urllib.parse import quote, unquote, urlencode
 
+import orjson
 from aiohttp import web
 
-from ..protocol import caching, cursor, offsets, responses
+from ..protocol import access, caching, cursor, offsets, responses
 from ..protocol.errors import ProtocolError, bad_request
 from ..protocol.headers import (
     DEFAULT_CONTENT_TYPE,
@@ -30,6 +32,7 @@ from ..telemetry import metrics
 from . import live
 from .bodies import read_body
 from .context import gateway_of
+from .guard import principal_of
 
 _RESERVED = "__ds"  # the protocol's control namespace (subscriptions): not served
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -57,16 +60,17 @@ def _sid(request: web.Request) -> str:
     return keys.stream_id(stream_name(request.match_info["path"], settings.max_path_bytes))
 
 
-def _source_sid(request: web.Request, value: str) -> str:
-    """Stream-Forked-From: a stream path on this server, with or without the prefix."""
+def _path_on_server(request: web.Request, value: str, what: str) -> str:
+    """A stream path given in a header or body (Stream-Forked-From, /auth/sign): a
+    path on this server, with or without the prefix."""
     settings = gateway_of(request).settings
     path = unquote(value.strip())
     prefix = settings.prefix.rstrip("/") + "/"
     if path.startswith(prefix):
         path = path[len(prefix) :]
     elif path.startswith("/"):
-        raise ProtocolError(404, "fork source is not a stream on this server")
-    return keys.stream_id(stream_name(path, settings.max_path_bytes))
+        raise ProtocolError(404, f"{what} is not a stream on this server")
+    return stream_name(path, settings.max_path_bytes)
 
 
 async def _body(request: web.Request) -> bytes:
@@ -89,15 +93,21 @@ def _entries(request: web.Request, media: str, body: bytes, *, create: bool) -> 
 _HOST = re.compile(r"\A(?:[A-Za-z0-9._~-]+|\[[0-9A-Fa-f:.]+\])(?::([0-9]{1,5}))?\Z")
 
 
-def _location(request: web.Request) -> str:
-    """The created stream's URL, checked before anything is stored: a Host header
-    that makes no URL (``example.com:99999``, ``[::1``) is a bad request, not a
-    failed or strange write."""
+def _public_url(request: web.Request, path: str | None = None) -> str:
+    """A stream's URL (the request's, or ``path``'s): from --public-url when set, so no
+    client-chosen Host header ever reaches a Location; else from the Host header,
+    checked before anything is stored (``example.com:99999``, ``[::1`` are bad requests)."""
+    settings = gateway_of(request).settings
+    raw = request.raw_path.split("?", 1)[0]
+    if path is not None:
+        raw = settings.prefix.rstrip("/") + "/" + quote(path)
+    if settings.public_url:
+        return settings.public_url.rstrip("/") + raw
     match = _HOST.match(request.host)
     if match is None or (match.group(1) and int(match.group(1)) > 65535):
         raise bad_request("the Host header is not a valid host[:port]")
     try:
-        return str(request.url.with_query(None))
+        return str(request.url.with_path(raw, encoded=True).with_query(None))
     except ValueError:
         raise bad_request("the Host header does not make a valid URL") from None
 
@@ -105,7 +115,7 @@ def _location(request: web.Request) -> str:
 async def put_stream(request: web.Request) -> web.Response:
     gw = gateway_of(request)
     sid = _sid(request)
-    location = _location(request)
+    location = _public_url(request)
     h = request.headers
     expiry = parse_expiry(h)
     fork_from, fork_offset, sub = (
@@ -124,7 +134,15 @@ async def put_stream(request: web.Request) -> web.Response:
     if content_type is not None:
         validate_content_type(content_type)
     body = await _body(request)
-    source = None if fork_from is None else _source_sid(request, fork_from)
+    source, pin_source = None, True
+    if fork_from is not None:
+        source_path = _path_on_server(request, fork_from, "fork source")
+        source = keys.stream_id(source_path)
+        # Forking reads the source. A fork holds its source's path (410, re-create 409)
+        # after the source is deleted only if its creator could write that path itself.
+        principal = principal_of(request)
+        access.check(principal, "read", source_path)
+        pin_source = principal.allows("write", source_path)
     if source == sid:
         raise bad_request("a stream cannot fork itself")
     media = normalize_content_type(content_type) or DEFAULT_CONTENT_TYPE
@@ -140,6 +158,7 @@ async def put_stream(request: web.Request) -> web.Response:
         fork_from=source,
         fork_offset=fork_offset,
         fork_sub_offset=sub_offset,
+        pin_source=pin_source,
     )
     created, meta = await gw.store.create(sid, spec)
     headers = responses.stream_state(meta)
@@ -193,12 +212,14 @@ async def get_stream(request: web.Request) -> web.StreamResponse:
     client_cursor = cursor.parse_client_cursor(query.getall("cursor", []))
     if mode in ("sse", "long-poll") and "offset" not in query:
         raise bad_request(f"live={mode} needs an offset")
-    if mode == "sse":
-        with metrics.LIVE_CONNECTIONS.labels("sse").track_inprogress():
-            return await live.sse(request, gw, sid, start, cursor.response_cursor(client_cursor))
-    if mode == "long-poll":
-        with metrics.LIVE_CONNECTIONS.labels("long-poll").track_inprogress():
-            return await live.long_poll(request, gw, sid, start, cursor.response_cursor(client_cursor))
+    if mode in ("sse", "long-poll"):
+        # A live read ends when the credential that opened it expires (the client
+        # comes back with a fresh one), and counts against the live-connection caps.
+        until = principal_of(request).expires_at
+        serve = live.sse if mode == "sse" else live.long_poll
+        slot = gw.guard.live.hold(gw.guard.live_holder(request))
+        with slot, metrics.LIVE_CONNECTIONS.labels(mode).track_inprogress():
+            return await serve(request, gw, sid, start, cursor.response_cursor(client_cursor), until)
     if mode is not None:
         raise bad_request("live must be long-poll or sse")
     chunk = await gw.store.read(sid, start)
@@ -211,4 +232,41 @@ async def get_stream(request: web.Request) -> web.StreamResponse:
 
 
 async def options_stream(request: web.Request) -> web.Response:
-    return web.Response(status=204, headers=responses.PREFLIGHT)
+    return web.Response(status=204, headers=gateway_of(request).guard.preflight(request))
+
+
+SIGN_DEFAULT_SECONDS = 300
+
+
+async def sign_url(request: web.Request) -> web.Response:
+    """POST /auth/sign {"path", "scope"?: "read", "expires_in"?: 300}: a signed URL for
+    one stream, for clients that cannot send headers (EventSource). It grants no more
+    than its minter holds, and expires no later than the minter's own credential."""
+    gw = gateway_of(request)
+    principal = await gw.guard.authenticated(request)
+    key = gw.guard.auth.signing_key if gw.guard.auth is not None else None
+    if key is None:
+        raise ProtocolError(404, "signed URLs are not enabled (--auth-signing-key-file)")
+    body = await _body(request)
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        raise bad_request("expected a JSON object") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("path"), str):
+        raise bad_request('expected {"path": "<stream path>", "scope": "read", "expires_in": 300}')
+    path = _path_on_server(request, doc["path"], "path")
+    scope = doc.get("scope", "read")
+    if scope not in access.SIGNED_SCOPES:
+        raise bad_request(f"scope must be one of {', '.join(access.SIGNED_SCOPES)}")
+    seconds = doc.get("expires_in", SIGN_DEFAULT_SECONDS)
+    longest = gw.settings.auth_signed_url_max_seconds
+    if isinstance(seconds, bool) or not isinstance(seconds, int) or not 0 < seconds <= longest:
+        raise bad_request(f"expires_in must be a whole number of seconds from 1 to {longest:g}")
+    access.check(principal, scope, path)
+    expires = int(time.time()) + seconds
+    if principal.expires_at is not None:
+        expires = min(expires, int(principal.expires_at))
+    query = access.sign(key, scope, path, expires, principal.id)
+    url = _public_url(request, path) + "?" + urlencode(query)
+    payload = {"url": url, "query": query, "expires_at": expires, "scope": scope}
+    return web.Response(body=orjson.dumps(payload), content_type="application/json")

@@ -97,10 +97,20 @@ async def _after(gw: Gateway, sid: str, watch: Watch, chunk: Chunk) -> Chunk:
     return shared
 
 
+def _deadline(loop: asyncio.AbstractEventLoop, seconds: float, until: float | None) -> float:
+    """When a live response ends (loop time): after ``seconds``, or when the credential
+    that opened it expires (``until``, Unix seconds), whichever comes first."""
+    deadline = loop.time() + seconds
+    if until is not None:
+        deadline = min(deadline, loop.time() + max(0.0, until - time.time()))
+    return deadline
+
+
 async def long_poll(
-    request: web.Request, gw: Gateway, sid: str, start: int | None, cursor: str
+    request: web.Request, gw: Gateway, sid: str, start: int | None, cursor: str, until: float | None = None
 ) -> web.Response:
-    """Data now if there is any (or the stream is closed), else wait for an append.
+    """Data now if there is any (or the stream is closed), else wait for an append
+    (no longer than the credential that asked stays valid: ``until``).
 
     If Redis goes away while we wait, we keep trying until the timeout and then
     answer with the last tail we knew; the client simply polls again.
@@ -108,7 +118,7 @@ async def long_poll(
     chunk = await gw.store.read_shared(sid, start, time.monotonic())
     if not chunk.entries and not chunk.meta.closed:
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + gw.settings.long_poll_timeout
+        deadline = _deadline(loop, gw.settings.long_poll_timeout, until)
         async with gw.fanout.watch(sid) as watch:
             recheck = True  # after subscribing, look once more: nothing slips by
             while True:
@@ -137,12 +147,13 @@ async def long_poll(
 
 
 async def sse(
-    request: web.Request, gw: Gateway, sid: str, start: int | None, cursor: str
+    request: web.Request, gw: Gateway, sid: str, start: int | None, cursor: str, until: float | None = None
 ) -> web.StreamResponse:
     """An event stream: data events, each followed by a control event.
 
     Ends when the stream closes (after the final control event), when the
-    reconnect cycle is up, or on shutdown; the last two end with a control
+    reconnect cycle is up, when the credential that opened it expires
+    (``until``), or on shutdown; all but the first end with a control
     event saying where to resume. A Redis outage does not end it: reads are
     retried, and the fan-out wakes every reader once Redis is back.
     """
@@ -151,7 +162,7 @@ async def sse(
     text = is_text(chunk.meta.content_type)
     chunk = _whole_characters(chunk, text)
     headers = {
-        **responses.SECURITY,  # sent before the handler returns: endpoint() can't add them later
+        **gw.guard.browser_headers(request),  # sent before the handler returns: endpoint() can't add them
         "Content-Type": "text/event-stream",
         "Cache-Control": caching.SSE,
         "X-Accel-Buffering": "no",
@@ -168,7 +179,7 @@ async def sse(
     settings = gw.settings
     loop = asyncio.get_running_loop()
     # Spread reconnects: clients that connected together must not all come back together.
-    deadline = loop.time() + settings.sse_cycle_seconds * random.uniform(0.75, 1.0)
+    deadline = _deadline(loop, settings.sse_cycle_seconds * random.uniform(0.75, 1.0), until)
 
     def control(chunk: Chunk) -> bytes:
         return control_event(

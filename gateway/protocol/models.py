@@ -11,14 +11,29 @@ from typing import Any
 from .headers import JSON_CONTENT_TYPE, Expiry
 from .jsonmode import to_array
 
-# (stream id, from position, to position), to exclusive: a range a fork reads from an ancestor's log.
-InheritedRange = tuple[str, int, int]
+# (stream id, from position, to position, incarnation), to exclusive: a range a fork reads
+# from an ancestor's log. The incarnation is the ancestor's meta 'uid' when the fork was
+# made; a read refuses the range once the ancestor is gone or another stream holds its path
+# (410). Stored as two meta fields: 'chain' [[id, from, to], ...] and 'chain_uids' [uid, ...]
+# (a separate field: gateways from before incarnations parse 'chain' as triples, and a
+# rolling update runs both). LEGACY_INCARNATION: a chain recorded without 'chain_uids'.
+InheritedRange = tuple[str, int, int, str]
+LEGACY_INCARNATION = "?"
 Entry = tuple[int, bytes]  # (position, data)
 
 
 def text(value: bytes | str) -> str:
     """A Redis reply item as text."""
     return value.decode() if isinstance(value, bytes) else value
+
+
+def _chain(ranges: str | None, incarnations: str | None) -> tuple[InheritedRange, ...]:
+    """A fork's chain from its meta fields 'chain' and 'chain_uids' (see InheritedRange)."""
+    chain = json.loads(ranges or "[]")
+    uids = json.loads(incarnations or "[]")
+    if len(uids) != len(chain):
+        uids = [LEGACY_INCARNATION] * len(chain)
+    return tuple((sid, lo, hi, uid) for (sid, lo, hi), uid in zip(chain, uids, strict=True))
 
 
 @dataclass(frozen=True)
@@ -38,6 +53,7 @@ class Meta:
     chain: tuple[InheritedRange, ...]  # inherited ranges, oldest ancestor first
     arch: int  # where the Redis log starts: below it, data is in archived files
     floor: int  # where retained data starts (retention drops what is below)
+    uid: str | None = None  # this incarnation's id, given when it is first forked (fork_ref.lua)
 
     @classmethod
     def parse(cls, sid: str, flat: list[Any]) -> Meta:
@@ -54,9 +70,10 @@ class Meta:
             ttl=int(m["ttl"]) if "ttl" in m else None,
             expires_at=m.get("expires"),
             source=m.get("src"),
-            chain=tuple((s, lo, hi) for s, lo, hi in json.loads(m.get("chain") or "[]")),
+            chain=_chain(m.get("chain"), m.get("chain_uids")),
             arch=int(m.get("arch") or m["base"]),
             floor=int(m.get("floor") or 0),
+            uid=m.get("uid"),
         )
 
     @property
@@ -105,6 +122,10 @@ class CreateSpec:
     fork_from: str | None = None  # source stream id
     fork_offset: str | None = None  # as given
     fork_sub_offset: int = 0
+    # True: the fork holds its source (counted in its forks: a delete soft-deletes it while
+    # the fork exists), the protocol's semantics. False, for a forker who may only read the
+    # source: a weak fork, which loses its inherited range once the source is deleted.
+    pin_source: bool = True
 
 
 @dataclass(frozen=True)

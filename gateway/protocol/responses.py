@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import caching, offsets
+from . import browser, caching, offsets
 from .headers import (
     PRODUCER_EPOCH,
     PRODUCER_SEQ,
@@ -33,17 +33,6 @@ EXPOSED = ", ".join(
         "Location",
     ]
 )
-SECURITY = {
-    "X-Content-Type-Options": "nosniff",
-    "Cross-Origin-Resource-Policy": "cross-origin",
-    "Access-Control-Allow-Origin": "*",
-    "Access-Control-Expose-Headers": EXPOSED,
-}
-PREFLIGHT = {
-    "Access-Control-Allow-Methods": "GET, HEAD, POST, PUT, DELETE, OPTIONS",
-    "Access-Control-Allow-Headers": "*",
-    "Access-Control-Max-Age": "86400",
-}
 
 
 def stream_state(meta: Meta) -> dict[str, str]:
@@ -71,6 +60,8 @@ def append_result(result: AppendResult) -> dict[str, str]:
 def read_chunk(chunk: Chunk, *, cursor: str | None, at_now: bool) -> dict[str, str]:
     """Catch-up and long-poll reads (200, or 204 when a long-poll saw nothing)."""
     headers = {"Content-Type": chunk.meta.content_type, STREAM_NEXT_OFFSET: offsets.encode(chunk.end)}
+    if browser.is_active(chunk.meta.media_type):  # a tab opened on it downloads, never renders
+        headers.update(browser.ATTACHMENT)
     if chunk.up_to_date:
         headers[STREAM_UP_TO_DATE] = "true"
     if chunk.eof:

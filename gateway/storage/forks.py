@@ -1,7 +1,31 @@
-"""Forks: pinning a source, planning what a fork inherits, and releasing a
+"""Forks: referencing a source, planning what a fork inherits, and releasing a
 source when a fork is gone.
 
-Creating a fork touches two streams in steps of one stream each (pin the
+A fork pins its source or is weak (``CreateSpec.pin_source``). A pinning fork
+(the protocol's semantics; every fork when access control is off: the forker
+could write the source) is recorded in the source's forks set
+(``ds:{<id>}:forks``, ``keys.stream_keys``): deleted or expired, a source with
+pinning forks is only soft-deleted (its URL 410, re-creation 409) until the
+last one is gone, whose release collects it, up the chain. A weak fork (the
+forker may only read the source, and must not be able to block a path it
+cannot write) is recorded nowhere on the source, which is deleted or expires
+as if unforked: its path is free at once. What a weak fork inherited from it,
+and from any ancestor only it held, is then gone: reads of that range answer
+410, never another stream's data; the fork's own data, from its fork point,
+stays readable, as do HEAD, appends, close and delete.
+
+Incarnations: a stream that is forked gets a random id once (meta ``uid``, set
+by fork_ref.lua); a stream created later at the same path gets another. A
+fork records the id of each ancestor it reads from (meta ``chain_uids``, one per
+``chain`` range; see ``InheritedRange``) and read_range.lua refuses a range whose
+ancestor is gone or has another id. Chains written before incarnations were
+have no ``chain_uids`` (LEGACY_INCARNATION: any stream there; their forks all
+pin, so it is theirs); a new fork of such a fork stamps those ancestors
+(fork_ref.lua 'stamp'). A fork also records its source's id (``src_uid``; and
+``weak``): release_fork.lua acts only on that incarnation, so deleting a weak
+fork never touches a stream created anew at its source's path.
+
+Creating a fork touches two streams in steps of one stream each (reference the
 source with fork_ref.lua, then create the fork with create.lua, by the Store);
 deleting one releases its sources up the chain (release_fork.lua), one call
 per ancestor. The comments at each step say why an interruption between steps
@@ -10,6 +34,7 @@ is harmless.
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 
 from redis.asyncio import Redis
@@ -17,11 +42,19 @@ from redis.asyncio import Redis
 from ..protocol import offsets
 from ..protocol.errors import ProtocolError, bad_request
 from ..protocol.headers import Expiry, normalize_content_type, parse_expires_at
-from ..protocol.models import CreateSpec, InheritedRange, Meta, text
+from ..protocol.models import LEGACY_INCARNATION, CreateSpec, InheritedRange, Meta, text
 from . import keys
 from .limits import MAX_FORK_DEPTH, MAX_FORK_SUB_MESSAGES, MAX_SCRIPT_ENTRIES
 from .reads import Reads
 from .scripts import Scripts
+
+# Never a stream's uid (those are hex): the incarnation of an ancestor found gone.
+_NO_INCARNATION = "-"
+
+
+def _new_uid() -> str:
+    """An incarnation id (meta 'uid'), given to a stream the first time it is forked."""
+    return uuid.uuid4().hex[:16]
 
 
 @dataclass(frozen=True)
@@ -43,21 +76,22 @@ class Forks:
         self.reads = reads
         self.max_chunk_bytes = max_chunk_bytes
 
-    async def pin(self, sid: str, src: str) -> Meta:
-        """Step 1: record ``sid`` as a fork of ``src``; the source's meta. The fork
-        is recorded in a set, so a retry counts once; if we stop before the fork
-        is created the extra reference only delays the source's collection (see
-        ``release_unless_forked``)."""
-        result = await self.scripts.on_stream("fork_ref", src, sid)
+    async def reference(self, sid: str, src: str, pin: bool) -> tuple[Meta, bool]:
+        """Step 1: the source's meta (with its incarnation id, given now if it had
+        none) and whether this call recorded ``sid`` in its forks. Pinning, the fork
+        is recorded in a set, so a retry counts once; if we stop before the fork is
+        created the extra record only delays the source's collection (see
+        ``release_unless_forked``). Weak, nothing is recorded."""
+        result = await self.scripts.on_stream("fork_ref", src, sid, "pin" if pin else "weak", _new_uid())
         status = text(result[0])
         if status == "missing":
             raise ProtocolError(404, "fork source stream not found")
         if status == "gone":
             raise ProtocolError(409, "fork source stream was deleted")
-        return Meta.parse(src, result[1])
+        return Meta.parse(src, result[1]), text(result[2]) == "1"
 
     async def plan(self, spec: CreateSpec, source: Meta) -> ForkPlan:
-        """Step 2: check the request against the pinned source and work out what the fork inherits."""
+        """Step 2: check the request against the referenced source and work out what the fork inherits."""
         if spec.content_type is not None and normalize_content_type(spec.content_type) != source.media_type:
             raise ProtocolError(409, "fork content type differs from its source's")
         anchor = source.tail if spec.fork_offset is None else offsets.decode(spec.fork_offset)
@@ -68,10 +102,13 @@ class Forks:
             point = await self._resolve_sub_offset(source, anchor, spec.fork_sub_offset)
         # The fork reads [0, point) from its ancestors: the source's own chain
         # cut at the fork point, then the source's own log up to it.
-        own: InheritedRange = (source.sid, source.base, point)
-        chain = [(s, lo, min(hi, point)) for s, lo, hi in (*source.chain, own) if lo < min(hi, point)]
+        own: InheritedRange = (source.sid, source.base, point, source.uid or LEGACY_INCARNATION)
+        chain = [
+            (s, lo, min(hi, point), uid) for s, lo, hi, uid in (*source.chain, own) if lo < min(hi, point)
+        ]
         if len(chain) > MAX_FORK_DEPTH:  # a read walks the chain one round trip per ancestor
             raise bad_request(f"a fork may read through at most {MAX_FORK_DEPTH} ancestors")
+        chain = [await self._identified(r) for r in chain]
         expiry = spec.expiry
         if expiry == Expiry():  # nothing asked: inherit the source's lifetime
             expiry = Expiry(
@@ -94,7 +131,7 @@ class Forks:
         Bytes may not run past the end of the append that holds the anchor;
         JSON messages may not run past the source's tail.
         """
-        segments = (*source.chain, (source.sid, source.base, source.tail))
+        segments = (*source.chain, (source.sid, source.base, source.tail, source.uid or LEGACY_INCARNATION))
         if source.is_json:  # counted a page of bounded reads at a time, up to a bound
             if sub > MAX_FORK_SUB_MESSAGES:
                 raise bad_request(f"Stream-Fork-Sub-Offset counts at most {MAX_FORK_SUB_MESSAGES} messages")
@@ -113,16 +150,40 @@ class Forks:
             raise bad_request("Stream-Fork-Sub-Offset overshoots the data at the fork offset")
         return anchor + sub
 
-    async def release_unless_forked(self, sid: str, src: str) -> None:
-        """Drop a reference taken for a fork that did not come to be."""
-        owner = await self.redis.hget(keys.stream_keys(sid)[0], "src")
-        if owner is None or text(owner) != src:
-            await self.release(sid, src)
+    async def _identified(self, inherited: InheritedRange) -> InheritedRange:
+        """A chain range with its ancestor's incarnation: for a range of a chain written
+        before incarnations were, the stream's now (given one if it has none). The
+        source holds its ancestors (such a chain's forks all pin), so it is the same
+        stream; gone, the range is unreadable already, and stays so (``_NO_INCARNATION``)."""
+        sid, lo, hi, uid = inherited
+        if uid != LEGACY_INCARNATION:
+            return inherited
+        result = await self.scripts.on_stream("fork_ref", sid, "", "stamp", _new_uid())
+        if text(result[0]) != "ok":
+            return (sid, lo, hi, _NO_INCARNATION)
+        return (sid, lo, hi, Meta.parse(sid, result[1]).uid or _NO_INCARNATION)
 
-    async def release(self, child: str, src: str) -> None:
-        """Release ``child``'s hold on ``src``, collecting up the chain."""
+    async def release_unless_forked(self, sid: str, src: str, uid: str) -> None:
+        """Drop the record step 1 added for a fork that did not come to be (or exists
+        already, weak or from another incarnation of ``src``): unless ``sid`` is now a
+        pinning fork of this incarnation of ``src``, whose record it is as well (a
+        concurrent create of the same fork, referencing after us)."""
+        owner, owner_uid, weak = await self.redis.hmget(keys.stream_keys(sid)[0], "src", "src_uid", "weak")
+        pinned = (
+            owner is not None
+            and text(owner) == src
+            and (owner_uid is None or text(owner_uid) == uid)
+            and weak is None
+        )
+        if not pinned:
+            await self.release(sid, src, uid)
+
+    async def release(self, child: str, src: str, uid: str) -> None:
+        """Release ``child``'s hold on ``src`` (the incarnation ``uid``; '' for a fork
+        made before incarnations were), collecting up the chain. Harmless for a weak
+        fork: it holds nothing, and another incarnation at ``src`` is left alone."""
         while src:
-            result = await self.scripts.on_stream("release_fork", src, child)
+            result = await self.scripts.on_stream("release_fork", src, child, uid)
             if text(result[0]) != "collected":
                 return
-            child, src = src, text(result[1])
+            child, src, uid = src, text(result[1]), text(result[2])

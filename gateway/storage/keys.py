@@ -11,6 +11,8 @@ readable in ``redis-cli``, reversible, and unable to close the hash tag early.
 
 from __future__ import annotations
 
+import hashlib
+
 PREFIX = "ds"
 
 
@@ -43,6 +45,24 @@ def segments(sid: str, incarnation: str) -> str:
     removes them, and a new stream at the same path starts with none.
     """
     return f"{PREFIX}:{{{sid}}}:segs:{incarnation}"
+
+
+def rate_bucket(identity: str, rule_key: str) -> str:
+    """A token bucket of one client under one rate limit rule (a hash, lua/rate_limit.lua):
+    ``ds:rate:{<identity digest>}:<rule digest>``.
+
+    ``identity`` is who is counted: a credential id (``token:ci``, ``jwt:<sub>``) or,
+    for anonymous requests, ``ip:<address>``; ``rule_key`` is ``RateRule.key``. Both go
+    in as SHA-256 digests (hex, truncated): a bounded length whatever the identity or
+    the rule's prefix, no ``}`` that would end the hash tag early, and a name no
+    pattern here matches (``META_PATTERN``). The hash tag is the identity's, so one
+    client's buckets share a Cluster slot (one script could take from several). Stream
+    keys all start ``ds:{``, so no stream path can name a bucket. An idle bucket
+    expires once full again: Redis holds buckets of recent clients only.
+    """
+    who = hashlib.sha256(identity.encode("utf-8", "surrogatepass")).hexdigest()[:24]
+    rule = hashlib.sha256(rule_key.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    return f"{PREFIX}:rate:{{{who}}}:{rule}"
 
 
 # Only meta hashes match: what follows a stream's "}" is always ours, and ids hold no "}".

@@ -49,6 +49,15 @@ def dropped() -> ProtocolError:
     return ProtocolError(410, "the data at this offset was dropped by the retention policy")
 
 
+def inherited_gone(fork_point: int | None = None) -> ProtocolError:
+    """A weak fork's read of data it inherited from a source that has since been deleted
+    (or expired): weak forks do not hold their source (see forks.py)."""
+    message = "the data this fork inherited was deleted by its source's owner"
+    if fork_point is not None:
+        message += f"; the fork's own data, from offset {offsets.encode(fork_point)}, is still readable"
+    return ProtocolError(410, message)
+
+
 def not_found(status: str) -> ProtocolError:
     if status == "gone":
         return ProtocolError(410, "stream was deleted")

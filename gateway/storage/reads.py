@@ -5,6 +5,10 @@ read_range.lua, or by plain XRANGE for large byte reads: "bulk"), the archive's
 files below the log's start (cold, ``archive/cold.py``), and a fork's
 ancestors' logs below its fork point. Data below a stream's tail never
 changes, so the extra calls cannot tear what the first one saw.
+
+An ancestor's range is read only from the incarnation the fork was made from
+(its chain entry names it, see forks.py): once a weak fork's source is gone,
+or another stream holds its path, the inherited range answers 410.
 """
 
 from __future__ import annotations
@@ -18,10 +22,10 @@ from ..archive.segments import Segment as ArchivedSegment
 from ..concurrency.singleflight import SingleFlight
 from ..protocol import offsets
 from ..protocol.errors import ProtocolError, bad_request
-from ..protocol.models import Chunk, Entry, InheritedRange, Meta, text
+from ..protocol.models import LEGACY_INCARNATION, Chunk, Entry, InheritedRange, Meta, text
 from . import keys
 from .limits import MAX_READ_ENTRIES, MAX_SCRIPT_ENTRIES
-from .outcomes import dropped, not_found
+from .outcomes import dropped, inherited_gone, not_found
 from .scripts import Scripts, timed
 
 _UNLIMITED = 2**50
@@ -29,6 +33,10 @@ _UNLIMITED = 2**50
 
 def _pairs(flat: list[Any]) -> list[Entry]:
     return [(int(flat[i]), flat[i + 1]) for i in range(0, len(flat), 2)]
+
+
+class _Lost(Exception):
+    """An ancestor's range whose incarnation is gone (read_range.lua's 'lost')."""
 
 
 class Reads:
@@ -72,7 +80,9 @@ class Reads:
             raise dropped()
         entries: list[Entry] = []
         if start < meta.base:
-            entries = await self.read_segments(meta.chain, start, budget, meta.is_json, MAX_READ_ENTRIES)
+            entries = await self.read_segments(
+                meta.chain, start, budget, meta.is_json, MAX_READ_ENTRIES, fork_point=meta.base
+            )
             reached = entries[-1][0] + len(entries[-1][1]) if entries else start
             budget -= sum(len(d) for _, d in entries)
             if reached < meta.base or budget <= 0:
@@ -110,6 +120,7 @@ class Reads:
         max_entries: int,
         found: Any = None,
         created: str | None = None,
+        incarnation: str = "",
     ) -> list[Entry]:
         """A stream's own entries in [pos, hi), hot (Redis) or cold (files).
 
@@ -117,6 +128,8 @@ class Reads:
         segment holding ``pos`` (read from its file; the read goes on from its
         end), or with 'bulk' (see ``bulk``). ``found`` is a first answer the
         caller already has; ``created`` the stream's, when the caller knows it.
+        ``incarnation``: reading an ancestor's range, the incarnation it must
+        be (a chain entry's); _Lost when it is not.
         """
         out: list[Entry] = []
         retries = 0
@@ -125,12 +138,14 @@ class Reads:
             if found is None:
                 found = await self.scripts.on_stream(
                     "read_range", sid, pos, hi, budget, "1" if whole else "0",
-                    min(max_entries, MAX_SCRIPT_ENTRIES), inline,
+                    min(max_entries, MAX_SCRIPT_ENTRIES), inline, incarnation,
                 )  # fmt: skip
-            hot, member, is_bulk = _pairs(found[0]), text(found[1]), len(found) > 2
+            hot, member, flag = _pairs(found[0]), text(found[1]), text(found[2]) if len(found) > 2 else ""
             found = None
-            if is_bulk:
-                got = await self.bulk(sid, pos, min(hi, pos + budget), created, max_entries)
+            if flag == "lost":
+                raise _Lost
+            if flag == "bulk":
+                got = await self.bulk(sid, pos, min(hi, pos + budget), created, max_entries, incarnation)
                 if got is None:  # the log changed since the script looked: ask it again, inline
                     inline = _UNLIMITED
                     continue
@@ -160,12 +175,19 @@ class Reads:
         return out
 
     async def bulk(
-        self, sid: str, pos: int, end: int, created: str | None, max_entries: int = MAX_READ_ENTRIES
+        self,
+        sid: str,
+        pos: int,
+        end: int,
+        created: str | None,
+        max_entries: int = MAX_READ_ENTRIES,
+        incarnation: str = "",
     ) -> list[Entry] | None:
         """[pos, end) of a byte stream's log, at most ``max_entries`` (and
         MAX_READ_ENTRIES) entries of it, fetched with plain XRANGE (read_from's 'bulk'
         answer); or None when the log no longer holds it (archived or deleted since
-        the script looked) or the stream is not the one it saw.
+        the script looked) or the stream is not the one it saw (``created``, or the
+        ``incarnation`` of an ancestor's range, as in ``_range``).
 
         Data below the tail never changes, so what the script decided still holds
         if the entries are there; one MULTI reads them with the stream's identity.
@@ -176,12 +198,17 @@ class Reads:
             pipe.xrevrange(log_key, offsets.entry_id(pos), "-", count=1)  # the entry holding pos
             if count > 1:
                 pipe.xrange(log_key, "(" + offsets.entry_id(pos), offsets.entry_id(end - 1), count=count - 1)
-            pipe.hget(meta_key, "created")
+            pipe.hmget(meta_key, "created", "uid")
             replies = await timed("read_bulk", pipe.execute())
-        first, now_created = replies[0], replies[-1]
+        first, (now_created, now_uid) = replies[0], replies[-1]
         rest = replies[1] if count > 1 else []
         if created is not None and (now_created is None or text(now_created) != created):
             return None
+        if incarnation and (
+            now_created is None
+            or (incarnation != LEGACY_INCARNATION and (now_uid is None or text(now_uid) != incarnation))
+        ):
+            return None  # another incarnation, or none: asked again, read_range.lua says 'lost'
         out: list[Entry] = []
         at = pos  # where the next entry must start
         for entry_id, fields in first + rest:
@@ -195,17 +222,41 @@ class Reads:
         return out if out and (at >= end or capped) else None
 
     async def read_segments(
-        self, segments: tuple[InheritedRange, ...], start: int, budget: int, whole: bool, max_entries: int
+        self,
+        segments: tuple[InheritedRange, ...],
+        start: int,
+        budget: int,
+        whole: bool,
+        max_entries: int,
+        fork_point: int | None = None,
     ) -> list[Entry]:
-        """Entries from ``start`` across ancestors' ranges (a fork's chain), contiguous only."""
+        """Entries from ``start`` across ancestors' ranges (a fork's chain), contiguous only.
+
+        A range whose ancestor incarnation is gone ends the read there: what came
+        before it is answered, and a read starting in it is 410 (``inherited_gone``,
+        naming ``fork_point``, where the fork's own data starts, if given).
+        """
         out: list[Entry] = []
         pos = start
-        for sid, lo, hi in segments:
+        for sid, lo, hi, incarnation in segments:
             if hi <= pos:
                 continue
             if pos < lo or budget <= 0 or max_entries - len(out) <= 0:
                 break
-            got = await self._range(sid, pos, hi, budget, whole, max_entries - len(out))
+            try:
+                got = await self._range(
+                    sid,
+                    pos,
+                    hi,
+                    budget,
+                    whole,
+                    max_entries - len(out),
+                    incarnation=incarnation or LEGACY_INCARNATION,
+                )
+            except _Lost:
+                if out:
+                    break
+                raise inherited_gone(fork_point) from None
             out += got
             budget -= sum(len(d) for _, d in got)
             pos = got[-1][0] + len(got[-1][1]) if got else pos

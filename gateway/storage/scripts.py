@@ -38,6 +38,8 @@ NAMES = (
     "archive_forget",
     "archive_check",
     "archive_retain",
+    # KEYS: one token bucket (keys.rate_bucket), no stream's; see storage/ratelimit.py
+    "rate_limit",
 )
 
 

@@ -64,13 +64,22 @@ class Store:
                 sid, spec, content_type, normalize_content_type(content_type), spec.expiry, fork=None
             )
         src = spec.fork_from
-        source = await self.forks.pin(sid, src)
+        source, added = await self.forks.reference(sid, src, spec.pin_source)
+        # Only a record this call added is dropped below: an existing one is the fork's
+        # (or a concurrent create's) own, and a weak reference records nothing.
+        uid = source.uid or ""
         try:
             plan = await self.forks.plan(spec, source)
-            return await self._create(sid, spec, source.content_type, source.media_type, plan.expiry, plan)
+            created, meta = await self._create(
+                sid, spec, source.content_type, source.media_type, plan.expiry, plan
+            )
         except ProtocolError:
-            await self.forks.release_unless_forked(sid, src)
+            if added:
+                await self.forks.release_unless_forked(sid, src, uid)
             raise
+        if added and not created:  # it existed: the record stays only if it is a pinning fork of this source
+            await self.forks.release_unless_forked(sid, src, uid)
+        return created, meta
 
     async def _create(
         self,
@@ -95,7 +104,10 @@ class Store:
             fork.fork_offset if fork else "",
             spec.fork_sub_offset,
             fork.base if fork else 0,
-            json.dumps(fork.chain if fork else []),
+            json.dumps([[s, lo, hi] for s, lo, hi, _ in fork.chain] if fork else []),
+            json.dumps([uid for _, _, _, uid in fork.chain] if fork else []),
+            (fork.source.uid or "") if fork else "",
+            "1" if fork and not spec.pin_source else "0",
             *spec.entries,
         )
         status = text(result[0])
@@ -112,4 +124,4 @@ class Store:
             raise not_found(status)
         if status == "deleted":
             await self.hints.forget(sid)
-            await self.forks.release(sid, text(result[1]))
+            await self.forks.release(sid, text(result[1]), text(result[2]))

@@ -7,7 +7,10 @@ gateway on a free port, runs the suite, and stops both; with --archive it also
 runs an archive worker with a hot window of 0, so reads go to Parquet files
 as soon as the worker has moved the data, and the gateway reads every byte
 stream in bulk (--read-inline-bytes 0: data by plain XRANGE, with the log
-trimmed under it all the time). The npm packages are
+trimmed under it all the time). With --auth the gateway runs with access
+control on (a token file; the suite sends an admin token with every request,
+see conformance.test.mjs) and rate limits high enough never to refuse, so every
+request also goes through the token check and the Redis token bucket. The npm packages are
 installed here on first use (versions pinned in package.json). Exits with the
 suite's status.
 """
@@ -15,21 +18,26 @@ suite's status.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import secrets
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 
 
-def run_suite(base_url: str) -> int:
+def run_suite(base_url: str, token: str | None = None) -> int:
     if not (HERE / "node_modules" / "@durable-streams" / "server-conformance-tests").exists():
         subprocess.run(
             ["npm", "install", "--no-package-lock", "--no-audit", "--no-fund"], cwd=HERE, check=True
         )
     env = {**os.environ, "CONFORMANCE_BASE_URL": base_url}
+    if token:
+        env["CONFORMANCE_TOKEN"] = token
     return subprocess.run(["npx", "vitest", "run", "conformance.test.mjs"], cwd=HERE, env=env).returncode
 
 
@@ -39,6 +47,7 @@ def main() -> int:
     )
     parser.add_argument("--base-url", help="test a running gateway instead of starting one")
     parser.add_argument("--archive", action="store_true", help="run an archive worker at hot window 0")
+    parser.add_argument("--auth", action="store_true", help="access control and rate limits on")
     args = parser.parse_args()
     if args.base_url:
         return run_suite(args.base_url)
@@ -49,13 +58,21 @@ def main() -> int:
 
     # A fresh embedded Redis; a short long-poll timeout keeps the suite's timeout tests quick.
     extra = ["--read-inline-bytes", "0"] if args.archive else []
+    token = None
+    if args.auth:
+        token = secrets.token_urlsafe(24)
+        folder = tempfile.mkdtemp(prefix="conformance-auth-")
+        tokens = Path(folder, "tokens.json")
+        tokens.write_text(json.dumps({"tokens": [{"name": "suite", "token": token, "grants": "admin:"}]}))
+        extra += ["--auth-tokens-file", str(tokens), "--rate-limits", "write:=100000/s read:=100000/s"]
     with start("ours", "--long-poll-timeout", "3", *extra) as gateway:
+        base_url = gateway.base_url.removesuffix("/v1/stream")
         if not args.archive:
-            return run_suite(gateway.base_url.removesuffix("/v1/stream"))
+            return run_suite(base_url, token)
         hot_window_0 = ["--archive-hot-bytes", "0", "--archive-hot-seconds", "0", "--archive-min-bytes", "0",
                         "--archive-max-delay", "0", "--archive-interval", "0.05"]  # fmt: skip
         with archive_worker(gateway, *hot_window_0):
-            status = run_suite(gateway.base_url.removesuffix("/v1/stream"))
+            status = run_suite(base_url, token)
         files = len(list(Path(gateway.data_dir, "archive").rglob("*.parquet")))
         print(f"conformance: the archive worker wrote {files} files during the suite")
         return status if files else 1

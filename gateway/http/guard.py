@@ -1,0 +1,189 @@
+"""What a request passes before its handler runs, and the browser headers every
+answer gets: the origin check, access control, rate limits and caps on live
+connections. ``endpoint`` (app.py) calls ``admit_*``; handlers read the
+principal with ``principal_of``.
+
+With access control off and no rate limits, a stream request costs one header
+lookup here (the origin check of writes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+
+from aiohttp import web
+from multidict import CIMultiDict
+
+from ..config import Settings
+from ..protocol import access, browser, quotas
+from ..protocol.access import OPEN, Principal, Scope
+from ..protocol.errors import ProtocolError
+from ..protocol.responses import EXPOSED
+from ..storage.ratelimit import RateLimiter
+from .auth import Authenticator, client_address
+
+PRINCIPAL = web.RequestKey("principal", Principal)
+_WRITES = frozenset({"PUT", "POST", "DELETE"})
+
+
+def principal_of(request: web.Request) -> Principal:
+    """Who the request acts as (OPEN when access control is off)."""
+    return request.get(PRINCIPAL, OPEN)
+
+
+def local_port(request: web.Request) -> int | None:
+    """The port of the listener a request came in on."""
+    transport = request.transport
+    name = transport.get_extra_info("sockname") if transport is not None else None
+    return name[1] if isinstance(name, tuple) else None
+
+
+class LiveSlots:
+    """Caps on live reads (SSE, long-poll) held at once: per process, and per
+    credential (anonymous clients: per address) when access control is on."""
+
+    def __init__(self, per_process: int, per_credential: int) -> None:
+        self.per_process, self.per_credential = per_process, per_credential
+        self.total = 0
+        self.held: dict[str, int] = {}
+
+    @contextlib.contextmanager
+    def hold(self, who: str | None) -> Iterator[None]:
+        if self.per_process and self.total >= self.per_process:
+            raise ProtocolError(503, "too many live connections on this server", {"Retry-After": "5"})
+        if who is not None and self.per_credential and self.held.get(who, 0) >= self.per_credential:
+            raise ProtocolError(503, "too many live connections for this credential", {"Retry-After": "5"})
+        self.total += 1
+        if who is not None:
+            self.held[who] = self.held.get(who, 0) + 1
+        try:
+            yield
+        finally:
+            self.total -= 1
+            if who is not None:
+                left = self.held[who] - 1
+                if left:
+                    self.held[who] = left
+                else:
+                    del self.held[who]
+
+
+class Guard:
+    """Admission for every route, built once per process from the settings."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.auth = Authenticator(settings) if settings.auth_enabled else None
+        self.rules = quotas.parse_rules(settings.rate_limits)
+        self.limiter: RateLimiter | None = None
+        self.cors = browser.cors_policy(
+            settings.cors_origins, settings.cors_methods, settings.cors_credentials, settings.auth_enabled
+        )
+        self.admin_port = settings.admin_port
+        self.live = LiveSlots(settings.max_live_connections, settings.max_live_per_credential)
+        # The headers every answer gets, when they do not depend on the request's Origin.
+        self.fixed: dict[str, str] | None = None
+        if self.cors.any_origin and not self.cors.credentials:
+            self.fixed = {**browser.BASE, **browser.response_headers(self.cors, None, EXPOSED)}
+
+    def attach(self, limiter: RateLimiter) -> None:
+        """The Redis-backed buckets, once connected (used only when rules are set)."""
+        if self.rules:
+            self.limiter = limiter
+
+    # -- admission ---------------------------------------------------------------
+
+    async def admit_stream(self, request: web.Request) -> None:
+        """A stream request: origin, then credentials and grants, then rate limits."""
+        method = request.method
+        if method == "OPTIONS":  # a preflight carries no credentials: answered for anyone
+            return
+        path = request.match_info["path"]
+        if method in _WRITES:
+            origin = request.headers.get("Origin")
+            if origin is not None:
+                same = browser.same_origin(origin, request.host, self.settings.public_url)
+                browser.check_origin(self.cors, origin, same)
+        if self.auth is None and self.limiter is None:
+            return
+        scope = access.required_scope(method)
+        principal = OPEN
+        if self.auth is not None:
+            principal = await self.auth.principal(request, path)
+            access.check(principal, scope, path)
+            request[PRINCIPAL] = principal
+        await self.limit(request, principal, scope, path)
+
+    async def admit_ops(self, request: web.Request, route: str) -> None:
+        """/metrics, /healthz, /readyz: only on the admin listener when there is one;
+        without one, /metrics needs admin access when access control is on."""
+        if self.admin_port:
+            if local_port(request) != self.admin_port:
+                raise ProtocolError(404, "not found")
+            return
+        if route == "metrics" and self.auth is not None:
+            principal = await self.auth.principal(request, "")
+            access.check(principal, "admin", "")
+
+    async def authenticated(self, request: web.Request) -> Principal:
+        """The principal of a request that must carry credentials (e.g. /auth/sign)."""
+        if self.auth is None:
+            raise ProtocolError(404, "access control is off")
+        principal = await self.auth.principal(request, "")
+        if principal.anonymous:
+            raise access.deny(principal, "read", "")
+        return principal
+
+    async def limit(self, request: web.Request, principal: Principal, scope: Scope, path: str) -> None:
+        """429 + Retry-After when the bucket of the rule that applies is empty."""
+        if self.limiter is None:
+            return
+        rule = quotas.match(self.rules, scope, path, principal.anonymous)
+        if rule is None:
+            return
+        who = principal.id
+        if principal.anonymous:
+            who = f"ip:{client_address(request, self.settings.trusted_proxy_hops)}"
+        wait = await self.limiter.take(who, rule)
+        if wait > 0:
+            raise ProtocolError(429, "rate limit exceeded", {"Retry-After": str(max(1, math.ceil(wait)))})
+
+    def live_holder(self, request: web.Request) -> str | None:
+        """Whose live-connection count a live read counts against (None: only the process's)."""
+        if self.auth is None:
+            return None
+        principal = principal_of(request)
+        if principal.anonymous:
+            return f"ip:{client_address(request, self.settings.trusted_proxy_hops)}"
+        return principal.id
+
+    # -- answers -----------------------------------------------------------------
+
+    def browser_headers(self, request: web.Request) -> dict[str, str]:
+        """Security and CORS headers for an answer to ``request``."""
+        if self.fixed is not None:
+            return self.fixed
+        headers = dict(browser.BASE)
+        headers.update(browser.response_headers(self.cors, request.headers.get("Origin"), EXPOSED))
+        return headers
+
+    def preflight(self, request: web.Request) -> dict[str, str]:
+        h = request.headers
+        private = h.get("Access-Control-Request-Private-Network") == "true"
+        return browser.preflight_headers(self.cors, h.get("Origin"), private, EXPOSED)
+
+    def secure(self, request: web.Request, headers: CIMultiDict[str]) -> None:
+        """Browser headers on an answer (unless a handler chose its own), and reads
+        made with credentials kept out of shared caches."""
+        for name, value in self.browser_headers(request).items():
+            headers.setdefault(name, value)
+        if self.auth is not None and not principal_of(request).anonymous:
+            cache = headers.get("Cache-Control")
+            if cache is not None and cache.startswith("public"):
+                headers["Cache-Control"] = "private" + cache[len("public") :]
+
+    async def close(self) -> None:
+        if self.auth is not None:
+            await self.auth.close()
