@@ -13,6 +13,7 @@ import asyncio
 import hashlib
 import logging
 import os
+import re
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -221,6 +222,9 @@ class _Jwt:
         return principal
 
 
+_TOKEN = re.compile(r"\A[\x21-\x7e]{1,8192}\Z")  # a token is visible ASCII (RFC 6750 asks even less)
+
+
 def client_address(request: web.Request, proxy_hops: int) -> str:
     """The client's IP: the peer, or with ``proxy_hops`` trusted proxies in front, the
     address the outermost of them saw (X-Forwarded-For, counted from the right)."""
@@ -255,8 +259,8 @@ class Authenticator:
         if header is not None:
             scheme, _, token = header.strip().partition(" ")
             token = token.strip()
-            if scheme.lower() != "bearer" or not token:
-                raise unauthorized("use Authorization: Bearer <token>")
+            if scheme.lower() != "bearer" or not _TOKEN.match(token):
+                raise unauthorized("use Authorization: Bearer <token> (visible ASCII)")
             return await self._bearer(token)
         if has_signature(request.query):
             if self.signing_key is None:

@@ -161,8 +161,13 @@ SIG_EXPIRES, SIG_SCOPE, SIG_BY, SIG = "ds_expires", "ds_scope", "ds_by", "ds_sig
 SIGNED_SCOPES: tuple[Scope, ...] = ("read", "write")
 
 
+def _utf8(value: str) -> bytes:
+    """Query values and paths may hold lone surrogates (bytes that were not UTF-8)."""
+    return value.encode("utf-8", "surrogatepass")
+
+
 def _mac(key: bytes, scope: str, path: str, expires: int, by: str) -> str:
-    message = f"v1\n{scope}\n{path}\n{expires}\n{by}".encode()
+    message = _utf8(f"v1\n{scope}\n{path}\n{expires}\n{by}")
     return base64.urlsafe_b64encode(hmac.new(key, message, hashlib.sha256).digest()).rstrip(b"=").decode()
 
 
@@ -194,7 +199,7 @@ def verify_signed(key: bytes, query: Mapping[str, str], path: str, now: float) -
         raise unauthorized("signed URL without a valid expiry") from None
     if scope not in SIGNED_SCOPES:
         raise unauthorized("signed URL with an unknown scope")
-    if not hmac.compare_digest(_mac(key, scope, path, expires, by), sig):
+    if not hmac.compare_digest(_mac(key, scope, path, expires, by).encode(), _utf8(sig)):
         raise unauthorized("signed URL signature does not match")
     if now >= expires:
         raise unauthorized("signed URL expired")

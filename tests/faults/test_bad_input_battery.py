@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import gzip
+import json
 import random
 import time
 import zlib
@@ -77,8 +78,14 @@ class Case:
     note: str = ""
 
 
+# Headers every battery request carries: with access control on, a valid admin token,
+# so each bad request gets past the credentials check to the checks it is about.
+CREDENTIALS: list[tuple[str, str]] = []
+TOKEN = "battery-admin-token-0123456789"
+
+
 def req(method: str, path: bytes | str, headers=(), body: bytes = b"", **kw) -> bytes:  # type: ignore[no-untyped-def]
-    return rawhttp.build(method, path, list(headers), body, **kw)
+    return rawhttp.build(method, path, [*CREDENTIALS, *headers], body, **kw)
 
 
 def post(ctx: Ctx, headers, body: bytes = b"x;", ct: bytes | str = "text/plain") -> bytes:  # type: ignore[no-untyped-def]
@@ -144,6 +151,9 @@ def deep(depth: int, inner: bytes = b"1") -> bytes:
 
 
 CASES: list[Case] = [
+    # -- a browser page of a foreign origin writing (a simple POST needs no preflight) --
+    Case("foreign-origin-post", lambda c: post(c, [("Origin", "https://evil.example")]), repeat=5),
+    Case("foreign-origin-delete", lambda c: req("DELETE", P + c.victim, [("Origin", "null")])),
     # -- non-ASCII and non-UTF-8 bytes in protocol headers (appends: batched with others) --
     Case("stream-seq-not-utf8", lambda c: post(c, [(b"Stream-Seq", b"\xff\xfe")]), repeat=10),
     Case("stream-seq-latin1", lambda c: post(c, [(b"Stream-Seq", b"caf\xe9")]), repeat=10),
@@ -404,6 +414,57 @@ CASES: list[Case] = [
 ]
 
 
+def _b64(raw: bytes) -> str:
+    import base64
+
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+# A JWT that asks not to be verified ("alg": "none") and grants everything.
+ALG_NONE = ".".join([_b64(b'{"alg":"none","typ":"JWT"}'), _b64(b'{"exp":9999999999,"streams":"admin:"}'), ""])
+
+
+def without_credentials(ctx: Ctx, method: str, target: str, headers, body: bytes = b"x;") -> bytes:  # type: ignore[no-untyped-def]
+    """A request that carries only the credentials it names (not the battery's token)."""
+    return rawhttp.build(method, target, [("Content-Type", "text/plain"), *headers], body)
+
+
+def post_as(value: bytes | str) -> Build:
+    """An append to the victim with this Authorization header alone."""
+    return lambda c: without_credentials(c, "POST", P + c.victim, [(b"Authorization", value)])
+
+
+def signed(method: str, query: str, headers=(), body: bytes = b"x;") -> Build:  # type: ignore[no-untyped-def]
+    """A request to the victim with a signed-URL query and no other credentials."""
+    return lambda c: without_credentials(c, method, f"{P}{c.victim}?{query}", list(headers), body)
+
+
+# With access control on: credentials that are malformed, forged or not for this
+# stream. Each must be 401/403 and store nothing.
+AUTH_CASES: list[Case] = [
+    Case("auth-not-utf8", post_as(b"Bearer \xff\xfe"), repeat=5),
+    Case("auth-latin1", post_as(b"Bearer caf\xe9-token-0123456789"), repeat=5),
+    Case("auth-bearer-empty", post_as("Bearer")),
+    Case("auth-bearer-huge", post_as("Bearer " + "a" * 6000)),
+    Case("auth-jwt-garbage", post_as("Bearer a.b.c"), repeat=5),
+    Case("auth-jwt-alg-none", post_as("Bearer " + ALG_NONE), repeat=5),
+    Case("auth-basic", post_as("Basic YTpi")),
+    Case(
+        "auth-bad-then-good",  # two Authorization headers: the first is the one that counts
+        lambda c: without_credentials(
+            c,
+            "POST",
+            P + c.victim,
+            [("Authorization", "Bearer nope-nope-nope"), ("Authorization", f"Bearer {TOKEN}")],
+        ),
+    ),
+    Case("auth-none-delete", lambda c: without_credentials(c, "DELETE", P + c.victim, [])),
+    Case("signed-url-bad-expiry", signed("POST", "ds_expires=abc&ds_scope=write&ds_sig=x")),
+    Case("signed-url-huge-expiry", signed("POST", f"ds_expires={'9' * 400}&ds_scope=write&ds_sig=x")),
+    Case("signed-url-not-utf8", signed("GET", "ds_expires=9999999999&ds_scope=read&ds_sig=%ff%fe&offset=-1")),
+]
+
+
 @dataclass
 class Battery:
     port: int
@@ -508,21 +569,31 @@ def lane_streams(count: int) -> list[str]:
     return names
 
 
+@pytest.mark.parametrize("access", ["off", "on"])
 async def test_bad_input_battery_beside_legitimate_appends(
-    tmp_path: Path, fault_seed: int, summary: Summary
+    tmp_path: Path, fault_seed: int, summary: Summary, access: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """``access``: with access control on (a token file, and rate limits too high to refuse),
+    the same battery, each request carrying a valid admin token: 0 answered 5xx still."""
     try:
         find_redis_server()
     except RuntimeError:
         pytest.skip("needs a redis-server binary")
     rng = random.Random(f"{fault_seed}:battery")
     flags = ["--max-body-bytes", str(MAX_BODY), "--long-poll-timeout", "2", "--sse-cycle-seconds", "3"]
+    session_headers: dict[str, str] = {}
+    if access == "on":
+        tokens = tmp_path / "tokens.json"
+        tokens.write_text(json.dumps({"tokens": [{"name": "battery", "token": TOKEN, "grants": "admin:"}]}))
+        flags += ["--auth-tokens-file", str(tokens), "--rate-limits", "write:=1000000/s read:=1000000/s"]
+        monkeypatch.setattr(f"{__name__}.CREDENTIALS", [("Authorization", f"Bearer {TOKEN}")])
+        session_headers = {"Authorization": f"Bearer {TOKEN}"}
     with harness.cluster(tmp_path, gateways=1, archivers=0, gateway_flags=flags) as cluster:
         gw = cluster.gateways[0]
         battery = Battery(gw.port, gw.base, fault_seed)
-        cases = list(CASES)
+        cases = list(CASES) + (AUTH_CASES if access == "on" else [])
         rng.shuffle(cases)
-        async with aiohttp.ClientSession() as session:
+        async with aiohttp.ClientSession(headers=session_headers) as session:
             contexts: dict[str, Ctx] = {}
             for n, case in enumerate(cases):
                 ctx = Ctx(victim=f"victim-{n}-{case.name}", fresh=f"fresh-{n}-{case.name}", port=gw.port)
@@ -595,7 +666,7 @@ async def test_bad_input_battery_beside_legitimate_appends(
     summary.legit_during_battery += legit_total
     summary.violations += len(failures)
     print(
-        f"\nbattery: {battery.sent} bad requests ({len(CASES)} cases) in {battery_seconds:.1f}s beside "
+        f"\nbattery (access control {access}): {battery.sent} bad requests ({len(cases)} cases) in {battery_seconds:.1f}s beside "
         f"{legit_total} legitimate appends; {battery.five_xx} answered 5xx; {len(failures)} failures"
     )
     if failures:

@@ -98,3 +98,94 @@ checksum/secret: {{ include (print $.Template.BasePath "/secret.yaml") . | sha25
   value: {{ $value | quote }}
 {{- end }}
 {{- end -}}
+
+{{/* Where /metrics, /healthz and /readyz answer: the admin port when there is one. */}}
+{{- define "ds.opsPort" -}}
+{{- if .Values.gateway.adminPort -}}admin{{- else -}}http{{- end -}}
+{{- end -}}
+
+{{/* The public base URL: gateway.publicUrl, else from a single-host Ingress. */}}
+{{- define "ds.publicUrl" -}}
+{{- if .Values.gateway.publicUrl -}}
+{{- .Values.gateway.publicUrl | trimSuffix "/" -}}
+{{- else if and .Values.ingress.enabled (eq (len .Values.ingress.hosts) 1) -}}
+{{- $host := (first .Values.ingress.hosts).host -}}
+{{- if $host -}}
+{{- $tls := false -}}
+{{- range .Values.ingress.tls -}}
+{{- if or (not .hosts) (has $host .hosts) -}}{{- $tls = true -}}{{- end -}}
+{{- end -}}
+{{- printf "%s://%s" (ternary "https" "http" $tls) $host -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Proxies that append to X-Forwarded-For: "auto" is 1 behind the chart's Ingress. */}}
+{{- define "ds.trustedProxyHops" -}}
+{{- $hops := .Values.gateway.trustedProxyHops -}}
+{{- if eq (toString $hops) "auto" -}}
+{{- if .Values.ingress.enabled -}}1{{- else -}}0{{- end -}}
+{{- else -}}
+{{- $hops | int64 -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The chart's own Secret for inline auth material (tokens, signing key). */}}
+{{- define "ds.authSecret" -}}
+{{- printf "%s-auth" (include "ds.fullname" .) -}}
+{{- end -}}
+
+{{/* The Secret and key of the token file ("" when there is none). */}}
+{{- define "ds.tokensSecret" -}}
+{{- if .Values.auth.tokens.existingSecret -}}
+{{- .Values.auth.tokens.existingSecret -}}
+{{- else if .Values.auth.tokens.json -}}
+{{- include "ds.authSecret" . -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "ds.tokensKey" -}}
+{{- if .Values.auth.tokens.existingSecret -}}{{- .Values.auth.tokens.existingSecretKey -}}{{- else -}}tokens.json{{- end -}}
+{{- end -}}
+
+{{/* The inline token file as JSON text (a string as given, a YAML structure encoded). */}}
+{{- define "ds.tokensJson" -}}
+{{- $json := .Values.auth.tokens.json -}}
+{{- if kindIs "string" $json -}}{{- $json -}}{{- else -}}{{- toJson $json -}}{{- end -}}
+{{- end -}}
+
+{{/* The Secret and key of the signed-URL key ("" when there is none). */}}
+{{- define "ds.signingSecret" -}}
+{{- if .Values.auth.signingKey.existingSecret -}}
+{{- .Values.auth.signingKey.existingSecret -}}
+{{- else if .Values.auth.signingKey.value -}}
+{{- include "ds.authSecret" . -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "ds.signingKey" -}}
+{{- if .Values.auth.signingKey.existingSecret -}}{{- .Values.auth.signingKey.existingSecretKey -}}{{- else -}}signing-key{{- end -}}
+{{- end -}}
+
+{{/* "true" when access control is on: a credential source or anonymous grants (also through gateway.extraEnv). */}}
+{{- define "ds.authEnabled" -}}
+{{- $auth := .Values.auth -}}
+{{- $on := or (include "ds.tokensSecret" .) $auth.jwt.jwksUrl $auth.jwt.keySecret (include "ds.signingSecret" .) (trim $auth.anonymous) -}}
+{{- range $name := list "DURABLE_STREAMS_AUTH_TOKENS_FILE" "DURABLE_STREAMS_AUTH_JWT_KEY_FILE" "DURABLE_STREAMS_AUTH_JWKS_URL" "DURABLE_STREAMS_AUTH_SIGNING_KEY_FILE" "DURABLE_STREAMS_AUTH_ANONYMOUS" -}}
+{{- if trim (toString (index $.Values.gateway.extraEnv $name | default "")) -}}{{- $on = true -}}{{- end -}}
+{{- end -}}
+{{- if $on -}}true{{- end -}}
+{{- end -}}
+
+{{/* Settings that cannot work together: refused at install rather than in a crash loop. */}}
+{{- define "ds.validate" -}}
+{{- if and .Values.gateway.adminPort (eq (int64 .Values.gateway.adminPort) (int64 .Values.gateway.port)) -}}
+{{- fail "gateway.adminPort must differ from gateway.port (or be 0)" -}}
+{{- end -}}
+{{- if and .Values.auth.jwt.jwksUrl .Values.auth.jwt.keySecret -}}
+{{- fail "set one of auth.jwt.jwksUrl and auth.jwt.keySecret, not both" -}}
+{{- end -}}
+{{- if and .Values.cors.credentials (or (not .Values.cors.origins) (has "*" .Values.cors.origins)) -}}
+{{- fail "cors.credentials needs explicit cors.origins (not \"*\")" -}}
+{{- end -}}
+{{- end -}}
