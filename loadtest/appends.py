@@ -29,7 +29,7 @@ from pathlib import Path
 
 import aiohttp
 
-from .servers import KINDS, ProcessMeter, start, use_uvloop
+from .servers import KINDS, ProcessMeter, client_headers, start, use_uvloop
 
 # name: (writers, streams, body bytes, idempotent producer headers)
 SCENARIOS = {
@@ -62,7 +62,7 @@ class AppendResult:
 WRK_SCRIPT = """
 local paths = {%(paths)s}
 local body = string.rep("x", %(size)d)
-local headers = {["Content-Type"] = "text/plain"}
+local headers = {["Content-Type"] = "text/plain"%(auth)s}
 local i = 0
 request = function()
   i = i + 1
@@ -90,7 +90,7 @@ async def run_appends(
     latencies: list[float] = []
     errors: Counter[str] = Counter()
     connector = aiohttp.TCPConnector(limit=writers)
-    async with aiohttp.ClientSession(connector=connector) as http:
+    async with aiohttp.ClientSession(connector=connector, headers=client_headers(server)) as http:
         for i in range(0, streams, 100):
             await asyncio.gather(
                 *(http.put(u, headers={"Content-Type": "text/plain"}) for u in urls[i : i + 100])
@@ -148,7 +148,8 @@ async def _run_wrk(server: str, name: str, urls: list[str], seconds: float, mete
     origin = "/".join(base[:3])
     paths = ", ".join(f'"/{u.split("/", 3)[3]}"' for u in urls)
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
-        script.write(WRK_SCRIPT % {"paths": paths, "size": size})
+        auth = "".join(f', ["{k}"] = "{v}"' for k, v in client_headers(server).items())
+        script.write(WRK_SCRIPT % {"paths": paths, "size": size, "auth": auth})
     try:
         proc = await asyncio.create_subprocess_exec(
             "wrk", "-t1", f"-c{writers}", f"-d{max(1, round(seconds))}s", "-s", script.name, origin,
@@ -185,7 +186,7 @@ async def fill(http: aiohttp.ClientSession, url: str, megabytes: int, piece_byte
             assert r.status in (200, 204), r.status
 
 
-def catch_up(url: str) -> tuple[int, int, float]:
+def catch_up(url: str, headers: dict[str, str] | None = None) -> tuple[int, int, float]:
     """Read a stream from its start to its tail, as one client: (bytes, requests, seconds).
 
     A plain blocking HTTP/1.1 connection (http.client): on this 2-core machine an
@@ -197,7 +198,7 @@ def catch_up(url: str) -> tuple[int, int, float]:
     started = time.monotonic()
     try:
         while requests < 1_000_000:
-            conn.request("GET", f"{parts.path}?offset={urllib.parse.quote(offset)}")
+            conn.request("GET", f"{parts.path}?offset={urllib.parse.quote(offset)}", headers=headers or {})
             r = conn.getresponse()
             body = r.read()
             assert r.status == 200, r.status
@@ -213,9 +214,9 @@ def catch_up(url: str) -> tuple[int, int, float]:
 
 async def run_read(base_url: str, server: str, megabytes: int) -> dict:
     url = f"{base_url}/read-{uuid.uuid4().hex[:8]}"
-    async with aiohttp.ClientSession() as http:
+    async with aiohttp.ClientSession(headers=client_headers(server)) as http:
         await fill(http, url, megabytes)
-    total, requests, elapsed = await asyncio.to_thread(catch_up, url)
+    total, requests, elapsed = await asyncio.to_thread(catch_up, url, client_headers(server))
     assert total == megabytes << 20, (total, megabytes << 20)
     return {
         "server": server,

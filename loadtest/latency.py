@@ -21,7 +21,7 @@ from pathlib import Path
 
 import aiohttp
 
-from .servers import KINDS, start, use_uvloop
+from .servers import KINDS, client_headers, start, use_uvloop
 from .sse_client import sse_lines
 
 RECORD = 100  # bytes; the first 10 are the record's number
@@ -72,7 +72,8 @@ async def run(base_url: str, server: str, rate: float, seconds: float) -> dict:
     acked: dict[int, float] = {}
     by_reader: dict[str, dict[int, float]] = {"sse": {}, "long-poll": {}}
     stop = asyncio.Event()
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as http:
+    timeout = aiohttp.ClientTimeout(total=None)
+    async with aiohttp.ClientSession(timeout=timeout, headers=client_headers(server)) as http:
         async with http.put(url, headers={"Content-Type": "text/plain"}) as r:
             assert r.status in (200, 201), r.status
         readers = [

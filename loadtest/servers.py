@@ -9,6 +9,7 @@ every write; ``ours-2workers``: the same with ``--workers 2`` (gunicorn).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import socket
@@ -22,7 +23,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-KINDS = ("ours", "ours-2workers", "reference", "reference-memory")
+KINDS = ("ours", "ours-auth", "ours-auth-rl", "ours-2workers", "reference", "reference-memory")
+# ``ours-auth``: access control on (a static bearer token with every request); ``ours-auth-rl``:
+# also a rate limit on every request, set too high to refuse (one token bucket per request).
+TOKEN = "loadtest-admin-token-0123456789"
+
+
+def client_headers(kind: str) -> dict[str, str]:
+    """What a load generator sends with every request to a server of this kind."""
+    return {"Authorization": f"Bearer {TOKEN}"} if kind.startswith("ours-auth") else {}
 
 
 @dataclass
@@ -96,6 +105,12 @@ def start(kind: str, *extra_args: str) -> Iterator[Running]:
     data_dir = tempfile.mkdtemp(prefix=f"ds-bench-{kind}-")
     if kind.startswith("ours"):
         workers = ["--workers", "2"] if kind == "ours-2workers" else []
+        if kind.startswith("ours-auth"):
+            tokens = Path(data_dir, "tokens.json")
+            tokens.write_text(json.dumps({"tokens": [{"name": "bench", "token": TOKEN, "grants": "admin:"}]}))
+            workers += ["--auth-tokens-file", str(tokens)]
+        if kind == "ours-auth-rl":
+            workers += ["--rate-limits", "write:=10000000/s read:=10000000/s"]
         cmd = [sys.executable, "-m", "gateway", "serve", "--port", str(port), "--data-dir", data_dir,
                "--log-level", "warning", *workers, *extra_args]  # fmt: skip
         check = f"http://127.0.0.1:{port}/healthz"

@@ -333,3 +333,23 @@ async def test_limits_hold_across_two_gateway_processes(redis_url: str, tmp_path
         for proc in procs:
             proc.terminate()
             proc.wait(10)
+
+
+async def test_concurrent_takes_share_round_trips_and_count_exactly(
+    limiter: RateLimiter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Takes that arrive together go to Redis together (a few calls, not one each), and a
+    bucket taken from several times in one call still lets exactly its burst through."""
+    calls = []
+    original = limiter.scripts.call
+
+    async def counting(name, keys_, args, client=None):  # type: ignore[no-untyped-def]
+        calls.append(len(keys_))
+        return await original(name, keys_, args, client=client)
+
+    monkeypatch.setattr(limiter.scripts, "call", counting)
+    r, client, other = rule("write:=0.001/s+10"), who(), who()
+    waits = await asyncio.gather(*(limiter.take(client if i % 2 else other, r) for i in range(60)))
+    assert sum(w == 0 for w in waits[1::2]) == 10 and sum(w == 0 for w in waits[0::2]) == 10
+    assert all(w > 0 for w in waits[1::2][10:]) and all(w > 0 for w in waits[0::2][10:])
+    assert sum(calls) == 60 and len(calls) <= 3, calls

@@ -1,9 +1,13 @@
 """Rate limits shared by every gateway: token buckets in Redis (``lua/rate_limit.lua``).
 
-One bucket per client and rule (``keys.rate_bucket``), taken from in one
-script call, on Redis' clock: gateways share the buckets and need no clock
-of their own in step. The rules and which one a request falls under are
-``protocol/quotas.py``.
+One bucket per client and rule (``keys.rate_bucket``), on Redis' clock:
+gateways share the buckets and need no clock of their own in step. The rules
+and which one a request falls under are ``protocol/quotas.py``.
+
+Takes are group-committed like appends (``concurrency/batching.py``): the
+first goes at once, those that arrive while it runs go together in the next
+call, which takes for each in arrival order. Under load a process pays one
+round trip (and one AOF write) per batch, not per request.
 
 A failing Redis is not a pass: ``take`` raises what redis-py raised (counted
 in the metrics as the ``rate_limit`` call), and the caller answers as for any
@@ -16,29 +20,36 @@ from __future__ import annotations
 
 from redis.asyncio import Redis
 
+from ..concurrency.batching import Batcher
 from ..protocol.quotas import RateRule
 from . import keys
+from .limits import MAX_BATCH_ENTRIES
 from .scripts import Scripts, timed
+
+_Take = tuple[str, float, float, int]  # bucket key, rate, burst, cost
 
 
 class RateLimiter:
     def __init__(self, redis: Redis, scripts: Scripts) -> None:
         self.redis = redis
         self.scripts = scripts
+        self._batcher: Batcher[_Take, float] = Batcher(self._take_batch, max_items=MAX_BATCH_ENTRIES)
 
     async def take(self, identity: str, rule: RateRule, cost: int = 1) -> float:
         """Take ``cost`` tokens from ``identity``'s bucket under ``rule``: 0.0 when
         taken, else the seconds until they will be there (Retry-After; nothing taken).
-        One round trip. A cost above the rule's burst takes a full bucket."""
+        A cost above the rule's burst takes a full bucket."""
         if cost < 0:
             raise ValueError(f"a rate limit cost cannot be negative: {cost}")
-        taken, retry_ms = await timed(
+        take = (keys.rate_bucket(identity, rule.key), rule.per_second, rule.burst, cost)
+        return await self._batcher.submit("", take)
+
+    async def _take_batch(self, _: str, takes: list[_Take]) -> list[float]:
+        args: list[float] = []
+        for _key, rate, burst, cost in takes:
+            args += (rate, burst, cost)
+        waits = await timed(
             "rate_limit",
-            self.scripts.call(
-                "rate_limit",
-                [keys.rate_bucket(identity, rule.key)],
-                [rule.per_second, rule.burst, cost],
-                client=self.redis,
-            ),
+            self.scripts.call("rate_limit", [key for key, *_ in takes], args, client=self.redis),
         )
-        return 0.0 if taken else int(retry_ms) / 1000
+        return [int(ms) / 1000 for ms in waits]

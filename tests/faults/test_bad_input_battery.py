@@ -666,7 +666,8 @@ async def test_bad_input_battery_beside_legitimate_appends(
     summary.legit_during_battery += legit_total
     summary.violations += len(failures)
     print(
-        f"\nbattery (access control {access}): {battery.sent} bad requests ({len(cases)} cases) in {battery_seconds:.1f}s beside "
+        f"\nbattery (access control {access}): {battery.sent} bad requests ({len(cases)} cases) in "
+        f"{battery_seconds:.1f}s beside "
         f"{legit_total} legitimate appends; {battery.five_xx} answered 5xx; {len(failures)} failures"
     )
     if failures:
