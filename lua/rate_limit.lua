@@ -13,6 +13,11 @@
 -- A cost above the burst takes a full bucket (it could never be there, and
 -- the caller would wait forever); a negative cost counts as 0. A refusal
 -- writes nothing, so a flood of refused requests costs Redis no writes.
+-- Buckets are not written to the AOF or sent to replicas: they are cheap to
+-- lose (a restart or failover refills them), and a write kept out of the AOF
+-- needs no fsync, which with appendfsync always would cost every limited
+-- request a second one (its append has its own).
+redis.set_repl(redis.REPL_NONE)
 local function usable(n) return n and n > 0 and n < math.huge end
 -- The longest expiry set: a bucket refilling slower than this counts as full
 -- after this long idle (about ten years: a limit nobody would notice).

@@ -18,6 +18,8 @@ same Redis for the stream itself.
 
 from __future__ import annotations
 
+import functools
+
 from redis.asyncio import Redis
 
 from ..concurrency.batching import Batcher
@@ -27,6 +29,7 @@ from .limits import MAX_BATCH_ENTRIES
 from .scripts import Scripts, timed
 
 _Take = tuple[str, float, float, int]  # bucket key, rate, burst, cost
+_bucket = functools.lru_cache(maxsize=65536)(keys.rate_bucket)  # two SHA-256 per name: once per client
 
 
 class RateLimiter:
@@ -41,7 +44,7 @@ class RateLimiter:
         A cost above the rule's burst takes a full bucket."""
         if cost < 0:
             raise ValueError(f"a rate limit cost cannot be negative: {cost}")
-        take = (keys.rate_bucket(identity, rule.key), rule.per_second, rule.burst, cost)
+        take = (_bucket(identity, rule.key), rule.per_second, rule.burst, cost)
         return await self._batcher.submit("", take)
 
     async def _take_batch(self, _: str, takes: list[_Take]) -> list[float]:
