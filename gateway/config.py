@@ -169,10 +169,11 @@ HELP = {
     "(cached; refetched on an unknown key id, so rotation needs no restart)",
     "auth_jwt_algorithms": "JWT algorithms accepted, comma-separated (default: HS256 for a "
     "secret, RS256/ES256/EdDSA for a public key or JWKS)",
-    "auth_jwt_audience": "JWTs must carry this 'aud'",
+    "auth_jwt_audience": "the 'aud' JWTs must carry (required with JWT verification: a token "
+    "the same issuer signed for another service is refused)",
     "auth_jwt_issuer": "JWTs must carry this 'iss'",
     "auth_jwt_claim": 'the JWT claim holding grants, e.g. {"read": ["chat/"]} or '
-    "\"read:chat/ write:chat/42/\" (the standard 'scope' claim is read the same way)",
+    "\"read:chat/ write:chat/42/\" ('scope' reads the standard claim that way)",
     "auth_jwks_cache_seconds": "how long fetched JWKS keys are used before they are fetched again",
     "auth_anonymous": "grants for requests without credentials, e.g. 'read:public/' (empty: none)",
     "auth_signing_key_file": "file holding the HMAC key of signed URLs ("

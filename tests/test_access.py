@@ -180,7 +180,7 @@ ALLOWED = {  # credential -> scopes it holds on chat/
     "admin": {"read", "write", "admin"},
     "hashed": {"read"},
     "jwt-writer": {"read", "write"},
-    "jwt-scope-claim": {"read"},
+    "jwt-scope-claim": set(),  # OAuth scopes are not grants unless --auth-jwt-claim scope
 }
 REFUSED = [
     "none",
@@ -455,18 +455,22 @@ async def test_jwt_with_a_static_key(http: aiohttp.ClientSession, redis_url: str
         (tmp_path / "ec.pem", private, "ES256"),
         (tmp_path / "hs.key", "h" * 40, "HS256"),
     ):
-        server = await start_gateway(redis_url, auth_jwt_key_file=str(key_file))
+        server = await start_gateway(redis_url, auth_jwt_key_file=str(key_file), auth_jwt_audience=AUDIENCE)
         base = str(server.make_url("/v1/stream"))
         try:
             token = jwt.encode(
-                {"exp": int(time.time()) + 60, "streams": "write:k/"}, signing_key, algorithm=alg
+                {"exp": int(time.time()) + 60, "aud": AUDIENCE, "streams": "write:k/"},
+                signing_key,
+                algorithm=alg,
             )
             async with http.put(
                 f"{base}/k/{uuid.uuid4().hex[:8]}", headers={"Authorization": f"Bearer {token}"}
             ) as r:
                 assert r.status == 201, (alg, r.status)
             other = jwt.encode(
-                {"exp": int(time.time()) + 60, "streams": "write:k/"}, "x" * 40, algorithm="HS256"
+                {"exp": int(time.time()) + 60, "aud": AUDIENCE, "streams": "write:k/"},
+                "x" * 40,
+                algorithm="HS256",
             )
             async with http.put(
                 f"{base}/k/{uuid.uuid4().hex[:8]}", headers={"Authorization": f"Bearer {other}"}
@@ -581,7 +585,7 @@ async def test_location_from_public_url(http: aiohttp.ClientSession, redis_url: 
     try:
         name = f"loc-{uuid.uuid4().hex[:8]}"
         url = str(server.make_url(f"/v1/stream/{name}"))
-        async with http.put(url, headers={**TEXT, "Host": "evil.example"}) as r:
+        async with http.put(url, headers={**TEXT, "Host": "localhost:9"}) as r:
             assert r.status == 201
             assert r.headers["Location"] == f"https://streams.example.com/v1/stream/{name}"
     finally:
@@ -598,6 +602,55 @@ def test_bad_auth_configuration_stops_the_start(tmp_path: Path) -> None:
         Settings(auth_anonymous="read"),
         Settings(cors_origins="*", cors_credentials=True),
         Settings(rate_limits="write:=fast"),
+        Settings(auth_jwks_url="https://issuer.test/jwks.json"),  # no audience
     ):
         with pytest.raises(RuntimeError):
             create_app(settings, "redis://127.0.0.1:1/0")
+
+
+async def test_dns_rebinding_is_refused(http: aiohttp.ClientSession, url: str) -> None:
+    """Access control off on loopback: a request for another host name (a web page whose
+    name was rebound to 127.0.0.1) is refused, reads included; loopback names work."""
+    port = url.split(":")[2].split("/")[0]
+    async with http.put(url, data=b"mine", headers=TEXT) as r:
+        assert r.status == 201
+    rebound = {**TEXT, "Host": f"evil.example:{port}", "Origin": f"http://evil.example:{port}"}
+    for method in ("GET", "POST", "DELETE"):
+        async with http.request(method, url, params={"offset": "-1"}, headers=rebound) as r:
+            assert r.status == 403, method
+    for host in (f"localhost:{port}", f"127.0.0.1:{port}", "localhost"):
+        async with http.get(url, params={"offset": "-1"}, headers={"Host": host}) as r:
+            assert r.status == 200 and await r.read() == b"mine"
+
+
+async def test_sign_preflight_and_minted_urls_count_against_their_minter(
+    http: aiohttp.ClientSession, redis_url: str, secrets_dir: Path, jwks: tuple[Jwks, str]
+) -> None:
+    settings = auth_settings(secrets_dir, jwks[1], rate_limits="read:=0.01/s+3")
+    server = await start_gateway(redis_url, **settings)
+    root = str(server.make_url(""))
+    try:
+        async with http.options(
+            f"{root}/auth/sign",
+            headers={"Origin": "https://app.example", "Access-Control-Request-Method": "POST",
+                     "Access-Control-Request-Headers": "authorization, content-type"},
+        ) as r:  # fmt: skip
+            assert r.status == 204
+            assert "Authorization" in r.headers["Access-Control-Allow-Headers"]
+            assert r.headers["Access-Control-Allow-Origin"] == "https://app.example"
+        path = f"chat/rl-{uuid.uuid4().hex[:8]}"
+        async with http.put(f"{root}/v1/stream/{path}", data=b"x", headers={**TEXT, **ADMIN}) as r:
+            assert r.status == 201
+        async with http.post(f"{root}/auth/sign", json={"path": path}, headers=bearer("reader")) as r:
+            signed = (await r.json())["url"]  # took one of the reader's 3 tokens
+        async with http.head(f"{root}/v1/stream/{path}", headers=bearer("reader")) as r:
+            assert r.status == 200  # the second
+        async with http.get(signed + "&offset=-1") as r:
+            assert r.status == 200  # the third: the URL counts against its minter
+        async with http.get(signed + "&offset=-1") as r:
+            assert r.status == 429 and int(r.headers["Retry-After"]) >= 1
+        forged = {"Authorization": "Bearer forged-token-0123456789"}
+        async with http.head(f"{root}/v1/stream/{path}", headers=forged) as r:
+            assert r.status in (401, 429)  # failed credentials are charged as anonymous, then refused
+    finally:
+        await server.close()

@@ -140,3 +140,14 @@ def test_origin_check() -> None:
 )  # fmt: skip
 def test_active_content(media: str, active: bool) -> None:
     assert browser.is_active(media) == active
+
+
+@pytest.mark.parametrize("path", ["a/../b", "./a", "a/.", "a/./b", ".."])
+def test_dot_segments_are_refused(path: str) -> None:
+    """Clients and proxies resolve them: ``mine/../chat/x`` would address ``chat/x``."""
+    from gateway.http.handlers import stream_name
+
+    with pytest.raises(ProtocolError) as e:
+        stream_name(path, 1024)
+    assert e.value.status == 400
+    assert stream_name("a/..b/.c", 1024) == "a/..b/.c"

@@ -256,7 +256,7 @@ def create_app(settings: Settings, redis_url: str, *, embedded: bool = False) ->
         "GET": handlers.get_stream,
         "OPTIONS": handlers.options_stream,
     }
-    _add_routes(app, "/auth/sign", "sign", {"POST": handlers.sign_url})
+    _add_routes(app, "/auth/sign", "sign", {"POST": handlers.sign_url, "OPTIONS": handlers.options_stream})
     for path, handler in (("/healthz", healthz), ("/readyz", readyz), ("/metrics", metrics_page)):
         name = path.strip("/")
         _add_routes(app, path, name, {"GET": handler, "HEAD": handler}, _admit_ops(name))

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import ipaddress
 import logging
 import os
 import re
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
@@ -48,9 +49,11 @@ def _timestamp(value: object, where: str) -> float | None:
         return float(value)
     if isinstance(value, str):
         try:
-            return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+            moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
         except ValueError:
             pass
+        else:  # without a zone: UTC, not whatever zone the server runs in
+            return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
     raise ValueError(f"{where}: expires_at must be Unix seconds or an ISO 8601 time")
 
 
@@ -166,6 +169,9 @@ class _Jwks:
 
 class _Jwt:
     def __init__(self, settings: Settings) -> None:
+        if not settings.auth_jwt_audience:
+            # Without one, any token the same issuer signed for another service would do.
+            raise ValueError("JWT verification needs --auth-jwt-audience (the 'aud' this server accepts)")
         self.claim = settings.auth_jwt_claim
         self.audience = settings.auth_jwt_audience
         self.issuer = settings.auth_jwt_issuer
@@ -204,17 +210,21 @@ class _Jwt:
                 audience=self.audience,
                 issuer=self.issuer,
                 leeway=JWT_LEEWAY_SECONDS,
-                options={"require": ["exp"], "verify_aud": self.audience is not None},
+                options={"require": ["exp", "aud"]},
             )
         except jwt.ExpiredSignatureError:
             raise unauthorized("token expired") from None
         except jwt.PyJWTError as exc:
             raise unauthorized(f"token rejected ({type(exc).__name__})") from None
+        except ProtocolError:
+            raise
+        except Exception:  # anything else a forged token makes the parser raise (e.g. deep nesting)
+            raise unauthorized("token rejected") from None
         try:
-            grants = parse_grants(claims.get(self.claim, claims.get("scope")), strict=False)
-        except ValueError as exc:
-            raise unauthorized(f"token grants unreadable: {exc}") from None
-        subject = f"jwt:{claims.get('iss', '')}:{claims.get('sub', '')}"
+            grants = parse_grants(claims.get(self.claim), strict=False)
+        except ValueError:
+            raise unauthorized("token grants unreadable") from None
+        subject = f"jwt:{claims.get('iss', '')!r}:{claims.get('sub', '')!r}"
         principal = Principal(subject, grants, expires_at=float(claims["exp"]))
         self.verified[token] = (principal, min(float(claims["exp"]), time.time() + VERIFIED_SECONDS))
         if len(self.verified) > VERIFIED_CACHE:
@@ -232,8 +242,18 @@ def client_address(request: web.Request, proxy_hops: int) -> str:
         hops = [h.strip() for h in ",".join(request.headers.getall("X-Forwarded-For", [])).split(",")]
         hops = [h for h in hops if h]
         if len(hops) >= proxy_hops:
-            return hops[-proxy_hops]
-    return request.remote or "unknown"
+            return _network(hops[-proxy_hops])
+    return _network(request.remote or "unknown")
+
+
+def _network(address: str) -> str:
+    """An IPv6 client is its /64 (one host usually holds a whole /64 to rotate through)."""
+    if ":" not in address:
+        return address
+    try:
+        return str(ipaddress.IPv6Network((address, 64), strict=False))
+    except ValueError:
+        return address
 
 
 class Authenticator:
@@ -266,6 +286,10 @@ class Authenticator:
             if self.signing_key is None:
                 raise unauthorized("signed URLs are not enabled")
             return verify_signed(self.signing_key, request.query, path, time.time())
+        return self.nobody(request)
+
+    def nobody(self, request: web.Request) -> Principal:
+        """The anonymous principal of a request: its grants, counted by client address."""
         return Principal(f"ip:{client_address(request, self.proxy_hops)}", self.anonymous, anonymous=True)
 
     async def _bearer(self, token: str) -> Principal:

@@ -82,6 +82,12 @@ class Guard:
             settings.cors_origins, settings.cors_methods, settings.cors_credentials, settings.auth_enabled
         )
         self.admin_port = settings.admin_port
+        # Access control off on loopback (a laptop): only requests for a loopback name (or the
+        # public URL's) are served, so a web page cannot reach it by DNS rebinding.
+        self.local_names: frozenset[str] | None = None
+        if self.auth is None and settings.host in ("127.0.0.1", "::1", "localhost"):
+            public = (settings.public_url or "").partition("://")[2].split("/", 1)[0].lower()
+            self.local_names = frozenset({public} if public else set())
         self.live = LiveSlots(settings.max_live_connections, settings.max_live_per_credential)
         # The headers every answer gets, when they do not depend on the request's Origin.
         self.fixed: dict[str, str] | None = None
@@ -101,6 +107,10 @@ class Guard:
         if method == "OPTIONS":  # a preflight carries no credentials: answered for anyone
             return
         path = request.match_info["path"]
+        if self.local_names is not None:
+            host = request.host
+            if not browser.local_host(host) and host.lower() not in self.local_names:
+                raise ProtocolError(403, "this server answers only to localhost (access control is off)")
         if method in _WRITES:
             origin = request.headers.get("Origin")
             if origin is not None:
@@ -111,7 +121,12 @@ class Guard:
         scope = access.required_scope(method)
         principal = OPEN
         if self.auth is not None:
-            principal = await self.auth.principal(request, path)
+            try:
+                principal = await self.auth.principal(request, path)
+            except ProtocolError as exc:  # bad credentials: charged as anonymous, then refused
+                if exc.status == 401:
+                    await self.limit(request, self.auth.nobody(request), scope, path)
+                raise
             access.check(principal, scope, path)
             request[PRINCIPAL] = principal
         await self.limit(request, principal, scope, path)
@@ -143,8 +158,8 @@ class Guard:
         rule = quotas.match(self.rules, scope, path, principal.anonymous)
         if rule is None:
             return
-        who = principal.id
-        if principal.anonymous:
+        who = access.holder(principal)
+        if principal is OPEN:
             who = f"ip:{client_address(request, self.settings.trusted_proxy_hops)}"
         wait = await self.limiter.take(who, rule)
         if wait > 0:
@@ -154,10 +169,7 @@ class Guard:
         """Whose live-connection count a live read counts against (None: only the process's)."""
         if self.auth is None:
             return None
-        principal = principal_of(request)
-        if principal.anonymous:
-            return f"ip:{client_address(request, self.settings.trusted_proxy_hops)}"
-        return principal.id
+        return access.holder(principal_of(request))
 
     # -- answers -----------------------------------------------------------------
 

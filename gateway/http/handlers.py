@@ -50,6 +50,9 @@ def stream_name(path: str, max_length: int) -> str:
         raise bad_request(f"stream path longer than {max_length} bytes")
     if _CONTROL.search(path):
         raise bad_request("stream path contains control characters")
+    if any(segment in (".", "..") for segment in path.split("/")):
+        # Clients and proxies resolve dot segments: such a name would address another stream.
+        raise bad_request("stream path has a '.' or '..' segment")
     if path.split("/", 1)[0] == _RESERVED:
         raise ProtocolError(404, "reserved path")
     return path
@@ -263,6 +266,7 @@ async def sign_url(request: web.Request) -> web.Response:
     if isinstance(seconds, bool) or not isinstance(seconds, int) or not 0 < seconds <= longest:
         raise bad_request(f"expires_in must be a whole number of seconds from 1 to {longest:g}")
     access.check(principal, scope, path)
+    await gw.guard.limit(request, principal, scope, path)
     expires = int(time.time()) + seconds
     if principal.expires_at is not None:
         expires = min(expires, int(principal.expires_at))

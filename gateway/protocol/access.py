@@ -186,6 +186,16 @@ def sign(key: bytes, scope: Scope, path: str, expires: int, by: str) -> dict[str
     }
 
 
+def holder(principal: Principal) -> str:
+    """Whom rate limits and live caps count a request against: a signed URL counts
+    against the credential that minted it, as that credential's own requests do."""
+    if principal.id.startswith("signed:"):
+        return "minter:" + principal.id[len("signed:") :]
+    if principal.anonymous:
+        return principal.id
+    return "minter:" + minter_digest(principal.id)
+
+
 def has_signature(query: Mapping[str, str]) -> bool:
     return SIG in query
 

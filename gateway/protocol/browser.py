@@ -92,7 +92,10 @@ def preflight_headers(
     allowing headers only for an allowed origin."""
     headers = response_headers(policy, origin, exposed)
     headers["Access-Control-Allow-Methods"] = policy.methods
-    headers["Access-Control-Allow-Headers"] = "*" if not policy.credentials else _CREDENTIALED_HEADERS
+    # "*" never covers Authorization (Fetch): it is named as well.
+    headers["Access-Control-Allow-Headers"] = (
+        "Authorization, *" if not policy.credentials else _CREDENTIALED_HEADERS
+    )
     headers["Access-Control-Max-Age"] = "86400"
     if private_network and "Access-Control-Allow-Origin" in headers:
         headers["Access-Control-Allow-Private-Network"] = "true"  # Chrome: public page → local server
@@ -118,6 +121,15 @@ _CREDENTIALED_HEADERS = ", ".join(
         "Producer-Seq",
     ]
 )
+
+
+LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "[::1]", "::1"})
+
+
+def local_host(host: str) -> bool:
+    """Whether a Host header names this machine's loopback (any port)."""
+    name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+    return name.lower() in LOCAL_HOSTS
 
 
 def same_origin(origin: str, host: str, public_url: str | None) -> bool:
