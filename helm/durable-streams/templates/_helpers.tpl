@@ -185,6 +185,9 @@ checksum/secret: {{ include (print $.Template.BasePath "/secret.yaml") . | sha25
 {{- if and .Values.auth.jwt.jwksUrl .Values.auth.jwt.keySecret -}}
 {{- fail "set one of auth.jwt.jwksUrl and auth.jwt.keySecret, not both" -}}
 {{- end -}}
+{{- if and (or .Values.auth.jwt.jwksUrl .Values.auth.jwt.keySecret) (not .Values.auth.jwt.audience) -}}
+{{- fail "JWT verification needs auth.jwt.audience (the 'aud' the gateways accept)" -}}
+{{- end -}}
 {{- if and .Values.cors.credentials (or (not .Values.cors.origins) (has "*" .Values.cors.origins)) -}}
 {{- fail "cors.credentials needs explicit cors.origins (not \"*\")" -}}
 {{- end -}}
