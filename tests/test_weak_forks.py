@@ -227,12 +227,17 @@ async def test_chains_through_weak_forks(store: Store, redis: aioredis.Redis) ->
     assert await exists(redis, weak) == 0
     assert await read(store, root, 0) == b"ZZZZZZZZZZ"
 
-    # top <- mid (pinning, at 3) <- leaf (weak, at 6): deleting mid collects top too
-    top, mid, leaf = name(), name(), name()
-    await make(store, top, b"abcdef")
-    await fork(store, mid, top, 3, pin=True)
-    await append(store, mid, b"DEF")
-    await fork(store, leaf, mid, 6, pin=False)
+    async def three() -> tuple[str, str, str]:
+        """top <- mid (pinning, at 3, then "DEF") <- leaf (weak, at 6)."""
+        top, mid, leaf = name(), name(), name()
+        await make(store, top, b"abcdef")
+        await fork(store, mid, top, 3, pin=True)
+        await append(store, mid, b"DEF")
+        await fork(store, leaf, mid, 6, pin=False)
+        return top, mid, leaf
+
+    # deleting mid collects top too
+    top, mid, leaf = await three()
     await append(store, leaf, b"!")
     await store.delete(top)  # soft: mid pins it
     assert await read(store, leaf, 0) == b"abcDEF!"
@@ -244,11 +249,7 @@ async def test_chains_through_weak_forks(store: Store, redis: aioredis.Redis) ->
 
     # a weak fork of a pinning fork whose own source stays: what is still there is read,
     # up to the range that is gone, and a read there is 410
-    top, mid, leaf = name(), name(), name()
-    await make(store, top, b"abcdef")
-    await fork(store, mid, top, 3, pin=True)
-    await append(store, mid, b"DEF")
-    await fork(store, leaf, mid, 6, pin=False)
+    top, mid, leaf = await three()
     await store.delete(mid)
     assert await read(store, top, 0) == b"abcdef"
     chunk = await store.read(leaf, 0)
