@@ -177,7 +177,7 @@ async def test_slow_bodies_are_cut_off_and_bodies_in_flight_are_capped(redis_url
         def slow_sender(size: int, send: int) -> tuple[int, float]:
             started = time.monotonic()
             with raw_connect(url) as s:
-                s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n"
+                s.sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: text/plain\r\n"
                           f"Content-Length: {size}\r\n\r\n".encode() + b"x" * send)  # fmt: skip
                 answer = s.recv(4096)  # ... and never the rest
             return int(answer.split(b" ", 2)[1]), time.monotonic() - started
@@ -263,7 +263,7 @@ async def test_sigterm_with_stalled_sse_readers_ends_within_seconds(redis_url, h
         for _ in range(4):
             s = raw_connect(url)
             s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            s.sendall(f"GET {path}?offset=-1&live=sse HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            s.sendall(f"GET {path}?offset=-1&live=sse HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
             readers.append(s)  # never read from again
         chunk = os.urandom(256 * 1024)
         for _ in range(40):  # 10 MB: far more than the sockets hold
