@@ -104,15 +104,15 @@ def start(kind: str, *extra_args: str) -> Iterator[Running]:
     port = free_port()
     data_dir = tempfile.mkdtemp(prefix=f"ds-bench-{kind}-")
     if kind.startswith("ours"):
-        workers = ["--workers", "2"] if kind == "ours-2workers" else []
+        options = ["--workers", "2"] if kind == "ours-2workers" else []
         if kind.startswith("ours-auth"):
             tokens = Path(data_dir, "tokens.json")
             tokens.write_text(json.dumps({"tokens": [{"name": "bench", "token": TOKEN, "grants": "admin:"}]}))
-            workers += ["--auth-tokens-file", str(tokens)]
+            options += ["--auth-tokens-file", str(tokens)]
         if kind == "ours-auth-rl":
-            workers += ["--rate-limits", "write:=10000000/s read:=10000000/s"]
+            options += ["--rate-limits", "write:=10000000/s read:=10000000/s"]
         cmd = [sys.executable, "-m", "gateway", "serve", "--port", str(port), "--data-dir", data_dir,
-               "--log-level", "warning", *workers, *extra_args]  # fmt: skip
+               "--log-level", "warning", *options, *extra_args]  # fmt: skip
         check = f"http://127.0.0.1:{port}/healthz"
     elif kind.startswith("reference"):
         _ensure_reference_installed()

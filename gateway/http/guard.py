@@ -89,10 +89,10 @@ class Guard:
             public = (settings.public_url or "").partition("://")[2].split("/", 1)[0].lower()
             self.local_names = frozenset({public} if public else set())
         self.live = LiveSlots(settings.max_live_connections, settings.max_live_per_credential)
-        # The headers every answer gets, when they do not depend on the request's Origin.
-        self.fixed: dict[str, str] | None = None
-        if self.cors.any_origin and not self.cors.credentials:
-            self.fixed = {**browser.BASE, **browser.response_headers(self.cors, None, EXPOSED)}
+        # The browser headers of an answer to a request without an Origin (most clients),
+        # or to any request when they do not depend on its Origin: built once.
+        self.plain = {**browser.BASE, **browser.response_headers(self.cors, None, EXPOSED)}
+        self.origin_blind = self.cors.any_origin and not self.cors.credentials
 
     def attach(self, limiter: RateLimiter) -> None:
         """The Redis-backed buckets, once connected (used only when rules are set)."""
@@ -175,11 +175,10 @@ class Guard:
 
     def browser_headers(self, request: web.Request) -> dict[str, str]:
         """Security and CORS headers for an answer to ``request``."""
-        if self.fixed is not None:
-            return self.fixed
-        headers = dict(browser.BASE)
-        headers.update(browser.response_headers(self.cors, request.headers.get("Origin"), EXPOSED))
-        return headers
+        origin = request.headers.get("Origin")
+        if origin is None or self.origin_blind:
+            return self.plain
+        return {**browser.BASE, **browser.response_headers(self.cors, origin, EXPOSED)}
 
     def preflight(self, request: web.Request) -> dict[str, str]:
         h = request.headers

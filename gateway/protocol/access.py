@@ -64,7 +64,7 @@ NONE = Grants()
 EVERYTHING = Grants({"admin": ("",)})
 
 
-def _prefix(raw: str) -> str:
+def normalize_prefix(raw: str) -> str:
     """``/chat/`` and ``chat/`` name the same streams; ``*`` and ``/`` name all."""
     raw = raw.strip()
     return "" if raw in ("*", "/") else raw.lstrip("/")
@@ -105,7 +105,7 @@ def parse_grants(value: object, *, strict: bool = True) -> Grants:
             if strict:
                 raise ValueError(f"unknown scope {scope!r} (read, write or admin)")
             continue
-        found.setdefault(SCOPES[_RANK[scope]], []).append(_prefix(prefix))
+        found.setdefault(SCOPES[_RANK[scope]], []).append(normalize_prefix(prefix))
     return Grants({scope: tuple(prefixes) for scope, prefixes in found.items()})
 
 

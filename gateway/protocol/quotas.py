@@ -33,7 +33,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-SCOPES = ("read", "write", "admin")
+from .access import SCOPES, normalize_prefix
+
 ANONYMOUS = "anonymous:"
 UNIT_SECONDS = {"s": 1, "sec": 1, "second": 1, "m": 60, "min": 60, "minute": 60, "h": 3600, "hour": 3600}
 MAX_COUNT = 1e12  # far beyond any sensible limit; keeps the bucket's arithmetic exact
@@ -102,18 +103,13 @@ def parse_rule(text: str) -> RateRule:
     burst = max(count, 1.0) if burst_text is None else float(burst_text)
     if not 1 <= burst <= MAX_COUNT or not math.isfinite(burst):
         raise bad("the burst must be at least 1 (the bucket must hold one request)")
-    prefix = _prefix(raw_prefix)
+    prefix = normalize_prefix(raw_prefix)
     try:
         prefix.encode()
     except UnicodeEncodeError:
         raise bad("the prefix is not valid UTF-8") from None
     key = f"{ANONYMOUS if anonymous else ''}{scope}:{prefix}"
     return RateRule(scope, prefix, count / UNIT_SECONDS[unit], burst, anonymous, key)
-
-
-def _prefix(raw: str) -> str:
-    """As grants spell them: ``/chat/`` is ``chat/``; ``*`` and ``/`` cover everything."""
-    return "" if raw in ("*", "/") else raw.lstrip("/")
 
 
 def match(rules: Iterable[RateRule], scope: str, path: str, anonymous: bool) -> RateRule | None:
