@@ -37,8 +37,23 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 {{- end -}}
 
+{{/* repository:tag, or repository@digest when a digest is given. Called with (dict "image" ... "tag" default). */}}
+{{- define "ds.imageRef" -}}
+{{- if .image.digest -}}
+{{- printf "%s@%s" .image.repository .image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .image.repository (default .tag .image.tag) -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "ds.image" -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- include "ds.imageRef" (dict "image" .Values.image "tag" .Chart.AppVersion) -}}
+{{- end -}}
+
+{{/* A value as an environment variable's text. Helm reads numbers in values files as floats,
+which print as 2.68435456e+08; JSON prints them as written (268435456, 0.5). */}}
+{{- define "ds.envText" -}}
+{{- if kindIs "string" . -}}{{- . -}}{{- else -}}{{- toJson . -}}{{- end -}}
 {{- end -}}
 
 {{/* The Secret and key holding the Redis URL. */}}
@@ -47,6 +62,19 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- .Values.externalRedis.existingSecret -}}
 {{- else -}}
 {{- printf "%s-redis-url" (include "ds.fullname" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The chart's own Redis (redis.enabled): its Service name and URL. */}}
+{{- define "ds.redisName" -}}
+{{- printf "%s-redis" (include "ds.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "ds.redisUrl" -}}
+{{- if .Values.redis.enabled -}}
+{{- printf "redis://%s:6379/0" (include "ds.redisName" .) -}}
+{{- else -}}
+{{- .Values.externalRedis.url -}}
 {{- end -}}
 {{- end -}}
 
@@ -60,11 +88,16 @@ redis-url
 
 {{/* Where the archive lives, as the gateway and workers see it. */}}
 {{- define "ds.archiveUrl" -}}
-{{- default "/archive" .Values.archive.url -}}
+{{- if .Values.archive.url -}}{{- .Values.archive.url -}}{{- else if .Values.archive.sharedVolume.enabled -}}/archive{{- end -}}
 {{- end -}}
 
+{{/* "true" when pods mount the shared archive volume (gateways read-only: reads fall through to it). */}}
 {{- define "ds.archiveVolumeNeeded" -}}
-{{- if and .Values.archive.enabled (not .Values.archive.url) -}}true{{- end -}}
+{{- if and .Values.archive.enabled .Values.archive.sharedVolume.enabled -}}true{{- end -}}
+{{- end -}}
+
+{{- define "ds.archiveClaim" -}}
+{{- default (printf "%s-archive" (include "ds.fullname" .)) .Values.archive.sharedVolume.existingClaim -}}
 {{- end -}}
 
 {{/* The Redis URL (from its Secret); the rest comes from the settings ConfigMap. */}}
@@ -95,7 +128,48 @@ checksum/secret: {{ include (print $.Template.BasePath "/secret.yaml") . | sha25
 {{- define "ds.extraEnv" -}}
 {{- range $name, $value := . }}
 - name: {{ $name }}
-  value: {{ $value | quote }}
+  value: {{ include "ds.envText" $value | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* Default scheduling (spreadPods) of one component, unless its own affinity /
+topologySpreadConstraints are given: prefer other nodes, spread over zones; soft rules only.
+Called with (dict "root" $ "component" "gateway" "values" .Values.gateway). */}}
+{{- define "ds.scheduling" -}}
+{{- $selector := dict "app.kubernetes.io/name" (include "ds.name" .root) "app.kubernetes.io/instance" .root.Release.Name "app.kubernetes.io/component" .component -}}
+{{- with .values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- if .values.affinity }}
+affinity:
+  {{- toYaml .values.affinity | nindent 2 }}
+{{- else if .root.Values.spreadPods }}
+affinity:
+  podAntiAffinity:
+    preferredDuringSchedulingIgnoredDuringExecution:
+      - weight: 100
+        podAffinityTerm:
+          topologyKey: kubernetes.io/hostname
+          labelSelector:
+            matchLabels:
+              {{- toYaml $selector | nindent 14 }}
+{{- end }}
+{{- if .values.topologySpreadConstraints }}
+topologySpreadConstraints:
+  {{- toYaml .values.topologySpreadConstraints | nindent 2 }}
+{{- else if .root.Values.spreadPods }}
+topologySpreadConstraints:
+  - maxSkew: 1
+    topologyKey: topology.kubernetes.io/zone
+    whenUnsatisfiable: ScheduleAnyway
+    labelSelector:
+      matchLabels:
+        {{- toYaml $selector | nindent 8 }}
 {{- end }}
 {{- end -}}
 
@@ -190,5 +264,26 @@ checksum/secret: {{ include (print $.Template.BasePath "/secret.yaml") . | sha25
 {{- end -}}
 {{- if and .Values.cors.credentials (or (not .Values.cors.origins) (has "*" .Values.cors.origins)) -}}
 {{- fail "cors.credentials needs explicit cors.origins (not \"*\")" -}}
+{{- end -}}
+{{- $external := or .Values.externalRedis.url .Values.externalRedis.existingSecret -}}
+{{- if and .Values.redis.enabled $external -}}
+{{- fail "redis.enabled installs the chart's own Redis: leave externalRedis.url and externalRedis.existingSecret empty (or set redis.enabled=false)" -}}
+{{- end -}}
+{{- if not (or .Values.redis.enabled $external) -}}
+{{- fail "the gateways need Redis: set externalRedis.url (redis://host:6379/0), externalRedis.existingSecret, or redis.enabled=true for the chart's own" -}}
+{{- end -}}
+{{- if and .Values.redis.enabled (not .Values.redis.maxmemory) -}}
+{{- fail "redis.maxmemory is required with redis.enabled (about 75% of redis.resources.limits.memory)" -}}
+{{- end -}}
+{{- if .Values.archive.enabled -}}
+{{- if and .Values.archive.url .Values.archive.sharedVolume.enabled -}}
+{{- fail "archive: set archive.url (object storage) or archive.sharedVolume.enabled, not both" -}}
+{{- end -}}
+{{- if not (or .Values.archive.url .Values.archive.sharedVolume.enabled) -}}
+{{- fail "archive.enabled needs a place every gateway and worker reaches: archive.url=s3://bucket/prefix (object storage), or archive.sharedVolume.enabled=true (a ReadWriteMany volume: NFS, CephFS, EFS...)" -}}
+{{- end -}}
+{{- end -}}
+{{- if and .Values.spark.enabled (not .Values.spark.archiveUrl) (not .Values.archive.enabled) -}}
+{{- fail "spark.enabled reads the archive: enable it (archive.enabled) or set spark.archiveUrl" -}}
 {{- end -}}
 {{- end -}}
