@@ -1,12 +1,11 @@
-"""The Helm chart and the container image, checked without Kubernetes or Docker.
+"""The Helm chart, rendered the way Helm renders it and validated against Kubernetes' schemas.
 
-Always: values.yaml against values.schema.json, the static YAML, every value
-the templates use exists and is documented, every DURABLE_STREAMS_* variable
-they set is a real setting, the admin port (metrics, health) kept off the
-Ingress and used by the probes, auth files mounted where the settings point,
-and the Dockerfile's entrypoint runs from the wheel it installs. With ``helm``
-on PATH also: helm lint, helm template, and kubeconform (or kubernetes-validate)
-on the rendered manifests, and the same port and auth checks on them.
+``tests/chart.py`` renders with ``helm template`` when ``helm`` is on PATH, else with
+``tools/helm-render`` (Go's text/template, sprig and Helm's own functions, values merged as Helm
+merges them). Every values file of the matrix renders, and every manifest validates strictly
+against the Kubernetes releases we support. Then one test per way a first install used to fail,
+and the rules the chart promises (admin port never routed, secrets mounted as directories,
+probes, safe defaults), checked on the rendered manifests rather than on template text.
 """
 
 from __future__ import annotations
@@ -14,8 +13,6 @@ from __future__ import annotations
 import copy
 import json
 import re
-import shutil
-import subprocess
 from dataclasses import fields
 from pathlib import Path
 
@@ -25,14 +22,19 @@ import yaml
 
 from gateway.config import Settings, env_name
 
+from .chart import CHART, Rendered, RenderError, lint, render, validate
+
 ROOT = Path(__file__).resolve().parent.parent
-CHART = ROOT / "helm" / "durable-streams"
 VALUES = yaml.safe_load((CHART / "values.yaml").read_text())
 SCHEMA = json.loads((CHART / "values.schema.json").read_text())
-TEMPLATES = {p.name: p.read_text() for p in (CHART / "templates").iterdir()}
-# Values whose contents are free-form maps or lists handed to Kubernetes or to Bitnami's chart.
+TEMPLATES = {str(p.relative_to(CHART / "templates")): p.read_text() for p in (CHART / "templates").rglob("*")
+             if p.is_file()}  # fmt: skip
+EXAMPLES = sorted((CHART / "examples").glob("*.yaml"))
+CASES = ROOT / "tests" / "chart_values"
+# Values whose contents are free-form maps or lists handed to Kubernetes.
 OPAQUE = ("resources", "extraEnv", "podSecurityContext", "securityContext", "annotations",
           "labels", "podLabels", "podAnnotations", "nodeSelector", "affinity")  # fmt: skip
+REDIS = {"externalRedis.url": "redis://redis.internal:6379/0"}  # the least a user must say
 
 
 def value_paths(node: object, prefix: str = "", leaves_only: bool = False) -> list[str]:
@@ -49,6 +51,307 @@ def value_paths(node: object, prefix: str = "", leaves_only: bool = False) -> li
     return out
 
 
+# -- the matrix: every values file renders and validates ------------------------------------------
+
+MATRIX = {
+    "minimal external Redis": ((), REDIS),
+    **{f"examples/{p.name}": ((p,), {}) for p in EXAMPLES},
+    **{f"tests/chart_values/{p.name}": ((p,), {}) for p in sorted(CASES.glob("*.yaml"))},
+}
+
+
+@pytest.mark.parametrize("case", sorted(MATRIX))
+def test_every_values_file_renders_and_validates(case: str) -> None:
+    files, sets = MATRIX[case]
+    rendered = render(files, sets, notes=True)
+    assert rendered.of_kind("Deployment"), "no gateway rendered"
+    validate(rendered.docs)
+    assert "Streams are served at" in rendered.notes
+    reason = lint(files, sets)
+    if reason:
+        print(reason)
+
+
+def test_the_matrix_covers_what_users_install() -> None:
+    names = {p.name for p in EXAMPLES} | {p.name for p in CASES.glob("*.yaml")}
+    assert {"production.yaml", "laptop.yaml", "archive-s3.yaml", "auth.yaml", "admin-port-off.yaml"} <= names
+    laptop = render([CHART / "examples" / "laptop.yaml"])
+    assert laptop.get("StatefulSet", "t-durable-streams-redis")
+    production = render([CHART / "examples" / "production.yaml"])
+    kinds = {d["kind"] for d in production.docs}
+    assert {"Ingress", "HorizontalPodAutoscaler", "NetworkPolicy", "ServiceMonitor", "CronJob",
+            "PodDisruptionBudget"} <= kinds  # fmt: skip
+
+
+# -- one test per defect a first install met ------------------------------------------------------
+
+
+def test_installs_without_fetching_a_dependency() -> None:
+    """Chart.yaml declared Bitnami's redis with no charts/: Helm refused every install, even
+    with redis.enabled=false ("found in Chart.yaml, but missing in charts/ directory")."""
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert not chart.get("dependencies") or (CHART / "Chart.lock").exists()
+    render((), REDIS)  # raises RenderError as Helm would
+
+
+def test_the_bundled_redis_is_the_one_the_gateways_use_and_is_durable() -> None:
+    """The URL named `<release>-redis-master` (Bitnami names it `<release>-master`); the bundled
+    Redis kept Bitnami's `nano` preset with no maxmemory and no noeviction."""
+    rendered = render((), {"redis.enabled": "true"}, release="my-redis")
+    url = rendered.get("Secret", "my-redis-durable-streams-redis-url")["stringData"]["redis-url"]
+    host = re.fullmatch(r"redis://([^:/]+):6379/0", url)
+    assert host, url
+    service = rendered.get("Service", host.group(1))
+    redis = rendered.get("StatefulSet", host.group(1))
+    assert service["spec"]["selector"].items() <= redis["spec"]["template"]["metadata"]["labels"].items()
+    conf = rendered.get("ConfigMap", host.group(1))["data"]["redis.conf"]
+    settings = [line.split(None, 1) for line in conf.splitlines() if line and not line.startswith("#")]
+    last = {key: value for key, value in settings}  # redis.conf: the last line of a key wins
+    assert last["appendonly"] == "yes" and last["appendfsync"] == "always"
+    assert last["maxmemory-policy"] == "noeviction" and last["maxmemory"] == VALUES["redis"]["maxmemory"]
+    # extraConfig cannot undo it
+    undone = render((), {"redis.enabled": "true", "redis.extraConfig": "maxmemory-policy allkeys-lru"})
+    conf = undone.get("ConfigMap", "t-durable-streams-redis")["data"]["redis.conf"]
+    assert conf.rstrip().endswith("maxmemory-policy noeviction")
+    (container,) = redis["spec"]["template"]["spec"]["containers"]
+    assert container["resources"]["limits"]["memory"]
+    with pytest.raises(RenderError, match="redis.maxmemory is required"):
+        render((), {"redis.enabled": "true", "redis.maxmemory": ""})
+    with pytest.raises(RenderError, match="leave externalRedis"):
+        render((), {"redis.enabled": "true", **REDIS})
+
+
+def test_globals_of_umbrella_charts_are_accepted() -> None:
+    """The schema forbade `global`, which umbrella charts and image-registry settings pass."""
+    render((), {**REDIS, "global.imageRegistry": "registry.example.com", "global.storageClass": "fast"})
+
+
+def test_a_default_install_claims_no_shared_volume() -> None:
+    """A default install created a 100Gi ReadWriteMany PVC that gateways mounted: Pending where no
+    RWX storage exists (most clusters), so no gateway started."""
+    rendered = render((), REDIS)
+    assert not rendered.of_kind("PersistentVolumeClaim")
+    for deployment in rendered.of_kind("Deployment"):
+        volumes = deployment["spec"]["template"]["spec"].get("volumes", [])
+        assert all("persistentVolumeClaim" not in v for v in volumes), deployment["metadata"]["name"]
+    gateway = _pod(rendered, "gateway")
+    assert {v["name"] for v in gateway["volumes"]} == {"tmp"}, "gateways mount only what they need"
+    # the archive needs a place named explicitly
+    with pytest.raises(RenderError, match="archive.url=s3://bucket/prefix"):
+        render((), {**REDIS, "archive.enabled": "true"})
+    with pytest.raises(RenderError, match="not both"):
+        render((), {**REDIS, "archive.enabled": "true", "archive.url": "s3://b/p",
+                    "archive.sharedVolume.enabled": "true"})  # fmt: skip
+    # on S3: no volume at all; on a shared volume: RWX, gateways read-only
+    s3 = render((), {**REDIS, "archive.enabled": "true", "archive.url": "s3://b/p"})
+    assert not s3.of_kind("PersistentVolumeClaim")
+    assert _settings(s3)["DURABLE_STREAMS_ARCHIVE_URL"] == "s3://b/p"
+    shared = render((), {**REDIS, "archive.enabled": "true", "archive.sharedVolume.enabled": "true"})
+    (claim,) = shared.of_kind("PersistentVolumeClaim")
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    mounts = {m["name"]: m for m in _pod(shared, "gateway")["containers"][0]["volumeMounts"]}
+    assert mounts["archive"]["readOnly"]
+
+
+def test_numbers_in_values_files_reach_the_environment_as_written(tmp_path: Path) -> None:
+    """Helm reads numbers in values files as float64: `268435456` in gateway.extraEnv rendered
+    `2.68435456e+08` and the gateway refused the setting."""
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({
+        **{"externalRedis": {"url": REDIS["externalRedis.url"]}},
+        "gateway": {"extraEnv": {"DURABLE_STREAMS_MAX_INFLIGHT_BODY_BYTES": 268435456,
+                                 "DURABLE_STREAMS_SSE_HEARTBEAT_SECONDS": 0.5,
+                                 "DURABLE_STREAMS_CORS_CREDENTIALS": False},
+                    "maxBodyBytes": 16777216, "longPollTimeoutSeconds": 1000000},
+        "archive": {"enabled": True, "url": "s3://b/p", "fileBytes": 268435456,
+                    "extraEnv": {"DURABLE_STREAMS_ARCHIVE_HOT_BYTES": 10000000}},
+    }))  # fmt: skip
+    rendered = render([values])
+    env = {e["name"]: e.get("value") for e in _pod(rendered, "gateway")["containers"][0]["env"]}
+    assert env["DURABLE_STREAMS_MAX_INFLIGHT_BODY_BYTES"] == "268435456"
+    assert env["DURABLE_STREAMS_SSE_HEARTBEAT_SECONDS"] == "0.5"
+    assert env["DURABLE_STREAMS_CORS_CREDENTIALS"] == "false"
+    archive_env = {e["name"]: e.get("value") for e in _pod(rendered, "archive")["containers"][0]["env"]}
+    assert archive_env["DURABLE_STREAMS_ARCHIVE_HOT_BYTES"] == "10000000"
+    settings = _settings(rendered)
+    assert settings["DURABLE_STREAMS_MAX_BODY_BYTES"] == "16777216"
+    assert settings["DURABLE_STREAMS_LONG_POLL_TIMEOUT"] == "1000000"
+    assert settings["DURABLE_STREAMS_ARCHIVE_FILE_BYTES"] == "268435456"
+    for name, value in settings.items():
+        assert not re.fullmatch(r"[0-9.]+e[+-][0-9]+", value), f"{name}={value}"
+
+
+def test_the_ingress_routes_streams_only() -> None:
+    """The Ingress routed `/`, publishing /metrics and /healthz (with the admin port off, or to
+    anything the gateway serves beside the streams)."""
+    rendered = render((), {**REDIS, "ingress.enabled": "true", "gateway.adminPort": "0"})
+    assert _ingress_paths(rendered) == [("/v1/stream", "Prefix")]
+    signed = render((), {**REDIS, "ingress.enabled": "true",
+                         "auth.signingKey.value": "0123456789abcdef0123456789abcdef"})  # fmt: skip
+    assert _ingress_paths(signed) == [("/v1/stream", "Prefix"), ("/auth/sign", "Exact")]
+    for path, _ in _ingress_paths(signed):
+        assert not any(path.startswith(p) or p.startswith(path.rstrip("/") + "/") or path == "/"
+                       for p in ("/metrics", "/healthz", "/readyz"))  # fmt: skip
+    backends = {p["backend"]["service"]["port"]["name"] for rule in signed.get(
+        "Ingress", "t-durable-streams")["spec"]["rules"] for p in rule["http"]["paths"]}  # fmt: skip
+    assert backends == {"http"}
+
+
+def test_probes_have_timeouts_and_the_archive_worker_is_checked_by_its_loop() -> None:
+    """Probes had no timeouts and no startup probe; the archive worker's liveness was a TCP check
+    on a metrics thread, so a hung worker stayed live."""
+    rendered = render((), {**REDIS, "archive.enabled": "true", "archive.url": "s3://b/p"})
+    (gateway,) = _pod(rendered, "gateway")["containers"]
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert gateway[probe]["timeoutSeconds"] >= 1, probe
+    assert gateway["startupProbe"]["httpGet"]["path"] == "/healthz"
+    assert gateway["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    (worker,) = _pod(rendered, "archive")["containers"]
+    assert "tcpSocket" not in worker["livenessProbe"]
+    assert worker["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert worker["livenessProbe"]["timeoutSeconds"] >= 1
+    settings = _settings(rendered)
+    assert settings["DURABLE_STREAMS_ARCHIVE_STALL_SECONDS"] == "120"
+
+
+def test_the_spark_job_reads_a_window_and_reaches_s3_compatible_stores() -> None:
+    """The CronJob re-scanned the whole archive every run; s3:// became s3a:// without the
+    endpoint of an S3-compatible store."""
+    rendered = render((), {**REDIS, "archive.enabled": "true", "archive.url": "s3://b/p",
+                           "archive.s3.endpoint": "http://minio:9000", "archive.s3.existingSecret": "s3",
+                           "spark.enabled": "true"})  # fmt: skip
+    (container,) = _cron_pod(rendered)["containers"]
+    args = container["args"]
+    assert args[:2] == ["--archive", "s3a://b/p"]
+    assert args[args.index("--window") + 1] == "1h"
+    assert container["image"].endswith(":0.1.0-spark")
+    sources = [s.get("configMapRef", s.get("secretRef"))["name"] for s in container["envFrom"]]
+    assert sources == ["t-durable-streams-settings", "s3"]
+    assert _settings(rendered)["AWS_ENDPOINT_URL"] == "http://minio:9000"
+    whole = render((), {**REDIS, "archive.enabled": "true", "archive.url": "s3://b/p",
+                        "spark.enabled": "true", "spark.window": ""})  # fmt: skip
+    assert "--window" not in _cron_pod(whole)["containers"][0]["args"]
+    with pytest.raises(RenderError, match="spark.enabled reads the archive"):
+        render((), {**REDIS, "spark.enabled": "true"})
+
+
+# -- what the chart promises ----------------------------------------------------------------------
+
+
+def test_pods_spread_and_are_locked_down() -> None:
+    rendered = render((), {**REDIS, "archive.enabled": "true", "archive.url": "s3://b/p"})
+    for component in ("gateway", "archive"):
+        pod = _pod(rendered, component)
+        term = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]
+        labels = term["podAffinityTerm"]["labelSelector"]["matchLabels"]
+        assert labels["app.kubernetes.io/component"] == component
+        (spread,) = pod["topologySpreadConstraints"]
+        assert spread["whenUnsatisfiable"] == "ScheduleAnyway"
+        assert pod["securityContext"]["runAsNonRoot"]
+        (container,) = pod["containers"]
+        assert container["securityContext"]["readOnlyRootFilesystem"]
+    own = render((), {**REDIS, "gateway.affinity.nodeAffinity.x": "y", "spreadPods": "false"})
+    assert _pod(own, "gateway")["affinity"] == {"nodeAffinity": {"x": "y"}}
+    assert "topologySpreadConstraints" not in _pod(own, "gateway")
+    gateway = VALUES["gateway"]
+    drain = gateway["preStopSleepSeconds"] + gateway["shutdownSeconds"]
+    assert gateway["terminationGracePeriodSeconds"] > drain
+    live = max(gateway["sseCycleSeconds"], gateway["longPollTimeoutSeconds"])
+    assert VALUES["ingress"]["timeoutSeconds"] > live
+
+
+def test_admin_port_is_for_probes_and_metrics_and_never_routed() -> None:
+    """/metrics, /healthz and /readyz answer 404 on the public port once gateway.adminPort is set:
+    probes and the ServiceMonitor use the admin port; the Ingress and the public Service never."""
+    rendered = render((), {**REDIS, "ingress.enabled": "true", "metrics.serviceMonitor.enabled": "true",
+                           "archive.enabled": "true", "archive.url": "s3://b/p"})  # fmt: skip
+    assert _gateway_probe_ports(rendered) == {"admin"}
+    assert [p["name"] for p in rendered.get("Service", "t-durable-streams")["spec"]["ports"]] == ["http"]
+    admin = rendered.get("Service", "t-durable-streams-admin")["spec"]
+    assert admin["type"] == "ClusterIP" and admin["ports"][0]["targetPort"] == "admin"
+    endpoints = rendered.get("ServiceMonitor", "t-durable-streams")["spec"]["endpoints"]
+    assert {e["port"] for e in endpoints} == {"admin", "metrics"}
+    settings = _settings(rendered)
+    assert settings["DURABLE_STREAMS_ADMIN_PORT"] == "9090"
+    assert settings["DURABLE_STREAMS_TRUSTED_PROXY_HOPS"] == "1"
+    assert settings["DURABLE_STREAMS_PUBLIC_URL"] == "http://streams.example.com"
+    plain = render((), {**REDIS, "gateway.adminPort": "0"})
+    assert _gateway_probe_ports(plain) == {"http"}
+    with pytest.raises(KeyError):
+        plain.get("Service", "t-durable-streams-admin")
+
+
+def test_auth_files_are_mounted_where_the_settings_point() -> None:
+    """Each DURABLE_STREAMS_AUTH_*_FILE names a file of a Secret volume mounted as a directory: a
+    subPath mount would never see the Secret change (the token file is re-read on change)."""
+    rendered = render([CASES / "auth.yaml"])
+    settings = _settings(rendered)
+    files = {k: v for k, v in settings.items() if re.fullmatch(r"DURABLE_STREAMS_AUTH_\w+_FILE", k)}
+    assert set(files) == {"DURABLE_STREAMS_AUTH_TOKENS_FILE", "DURABLE_STREAMS_AUTH_JWT_KEY_FILE",
+                          "DURABLE_STREAMS_AUTH_SIGNING_KEY_FILE"}  # fmt: skip
+    pod = _pod(rendered, "gateway")
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["mountPath"]: m for m in pod["containers"][0]["volumeMounts"]}
+    for path in files.values():
+        directory, _, name = path.rpartition("/")
+        mount = mounts[directory]
+        assert mount["readOnly"] and "subPath" not in mount
+        assert name in {item["path"] for item in volumes[mount["name"]]["secret"]["items"]}
+    assert "ACCESS CONTROL IS OFF" not in render([CASES / "auth.yaml"], notes=True).notes
+    assert "ACCESS CONTROL IS OFF" in render((), REDIS, notes=True).notes
+
+
+def test_network_policies() -> None:
+    rendered = render((), {**REDIS, "networkPolicy.enabled": "true", "redis.enabled": "false",
+                           "archive.enabled": "true", "archive.url": "s3://b/p"})  # fmt: skip
+    gateway = rendered.get("NetworkPolicy", "t-durable-streams-gateway")["spec"]["ingress"]
+    public, admin = gateway
+    assert public["ports"] == [{"port": "http"}] and "from" not in public
+    assert admin["ports"] == [{"port": "admin"}] and admin["from"] == [{"podSelector": {}}]
+    bundled = render((), {"redis.enabled": "true", "networkPolicy.enabled": "true"})
+    (rule,) = bundled.get("NetworkPolicy", "t-durable-streams-redis")["spec"]["ingress"]
+    assert rule["from"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/instance"] == "t"
+    assert not render((), REDIS).of_kind("NetworkPolicy")
+
+
+def test_helm_test_checks_a_stream_through_the_service() -> None:
+    rendered = render((), REDIS)
+    pod = rendered.get("Pod", "t-durable-streams-check")
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    args = pod["spec"]["containers"][0]["args"]
+    assert args[:3] == ["check", "--url", "http://t-durable-streams:80/v1/stream"]
+    assert "--allow-refusal" not in args
+    refused = render([CASES / "auth.yaml"]).get("Pod", "t-durable-streams-check")["spec"]["containers"][0]
+    assert "--allow-refusal" in refused["args"]
+    with_token = render((), {**REDIS, "auth.anonymous": "read:public/", "tests.tokenSecret": "ds-check"})
+    check = with_token.get("Pod", "t-durable-streams-check")["spec"]
+    assert "--token-file" in check["containers"][0]["args"]
+    assert check["volumes"][0]["secret"]["secretName"] == "ds-check"
+    assert not render((), {**REDIS, "tests.enabled": "false"}).of_kind("Pod")
+
+
+def test_upgrades_migrate_the_key_layout_first() -> None:
+    """Gateways and workers refuse another key layout than theirs: `helm upgrade` runs
+    `durable-streams migrate` with the new image before any pod changes."""
+    job = render((), REDIS).get("Job", "t-durable-streams-migrate")
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-upgrade"
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    assert container["args"] == ["migrate"]
+    assert container["env"][0]["name"] == "DURABLE_STREAMS_REDIS_URL"
+    assert not render((), {**REDIS, "migrations.enabled": "false"}).of_kind("Job")
+
+
+def test_image_digests_pin_images() -> None:
+    digest = "sha256:" + "ab" * 32
+    rendered = render((), {**REDIS, "image.digest": digest})
+    assert _pod(rendered, "gateway")["containers"][0]["image"].endswith("@" + digest)
+    with pytest.raises(RenderError):
+        render((), {**REDIS, "image.digest": "latest"})
+
+
+# -- values, schema, settings ---------------------------------------------------------------------
+
+
 def test_values_match_the_schema() -> None:
     jsonschema.validate(VALUES, SCHEMA)
     for broken in ({"gateway": {"workers": 0}}, {"gatewy": {}}, {"ingress": {"controller": "haproxy"}},
@@ -60,7 +363,10 @@ def test_values_match_the_schema() -> None:
                    {"auth": {"jwt": {"jwksUrl": "ftp://keys"}}}, {"auth": {"basic": {}}},
                    {"cors": {"origins": ["*"], "credentials": True}}, {"cors": {"credentials": True}},
                    {"cors": {"origins": ["app.example.com"]}}, {"cors": {"methods": ["PATCH"]}},
-                   {"rateLimits": "write=100/s"}, {"rateLimits": "read:=10/day"}):  # fmt: skip
+                   {"rateLimits": "write=100/s"}, {"rateLimits": "read:=10/day"},
+                   {"redis": {"enabled": True, "maxmemory": "lots"}}, {"logging": {"format": "xml"}},
+                   {"spark": {"window": "yesterday"}}, {"tests": {"path": "/abs"}},
+                   {"archive": {"sharedVolume": {"accessModes": ["ReadWriteSometimes"]}}}):  # fmt: skip
         values = copy.deepcopy(VALUES)
         for key, child in broken.items():
             merge = isinstance(child, dict) and isinstance(values.get(key), dict)
@@ -71,23 +377,12 @@ def test_values_match_the_schema() -> None:
                  {"auth": {**VALUES["auth"], "anonymous": "read:public/, read:docs/", "tokens": {"json": {
                      "tokens": [{"name": "a", "sha256": "ab" * 32, "grants": "read:x/"}]}}}},
                  {"cors": {"origins": ["https://app.example.com"], "methods": ["GET"], "credentials": True}},
-                 {"rateLimits": "write:=100/s+200 read:chat/=50/s anonymous:read:=0.5/min"}):  # fmt: skip
+                 {"rateLimits": "write:=100/s+200 read:chat/=50/s anonymous:read:=0.5/min"},
+                 {"global": {"imageRegistry": "r.example.com"}}):  # fmt: skip
         values = copy.deepcopy(VALUES)
         for key, child in fine.items():
-            values[key] = {**values[key], **child} if isinstance(child, dict) else child
+            values[key] = {**values[key], **child} if isinstance(values.get(key), dict) else child
         jsonschema.validate(values, SCHEMA)
-
-
-def test_static_yaml() -> None:
-    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
-    assert chart["apiVersion"] == "v2" and chart["name"] == "durable-streams"
-    assert re.fullmatch(r"\d+\.\d+\.\d+", chart["version"]) and chart["appVersion"]
-    (redis,) = chart["dependencies"]
-    assert redis["name"] == "redis" and redis["condition"] == "redis.enabled"
-    assert "appendfsync always" in VALUES["redis"]["commonConfiguration"]
-    assert set(TEMPLATES) >= {"gateway-deployment.yaml", "service.yaml", "ingress.yaml", "hpa.yaml",
-                              "pdb.yaml", "archive-deployment.yaml", "spark-cronjob.yaml", "secret.yaml",
-                              "servicemonitor.yaml", "NOTES.txt", "_helpers.tpl"}  # fmt: skip
 
 
 def test_every_value_used_exists_and_every_value_is_documented() -> None:
@@ -105,25 +400,9 @@ def test_every_value_used_exists_and_every_value_is_documented() -> None:
 
     undocumented = sorted(p for p in value_paths(VALUES, leaves_only=True) if not documented(p))
     assert not undocumented, f"values missing from the chart README: {undocumented}"
-    assert set(SCHEMA["properties"]) == set(VALUES), (
+    assert set(SCHEMA["properties"]) - {"global"} == set(VALUES), (
         "the schema and values.yaml list different top-level keys"
     )
-
-
-def test_template_actions_are_balanced() -> None:
-    """Without helm, at least every {{ if/with/range/define }} has its {{ end }}."""
-    for name, text in TEMPLATES.items():
-        actions = re.findall(r"\{\{-?\s*(.*?)\s*-?\}\}", text, flags=re.S)
-        assert text.count("{{") == text.count("}}") == len(actions), name
-        depth = 0
-        for action in actions:
-            word = action.split(" ", 1)[0]
-            if word in ("if", "with", "range", "define"):
-                depth += 1
-            elif word == "end":
-                depth -= 1
-                assert depth >= 0, f"{name}: an end too many"
-        assert depth == 0, f"{name}: {depth} block(s) not ended"
 
 
 def test_environment_variables_are_real_settings() -> None:
@@ -132,136 +411,28 @@ def test_environment_variables_are_real_settings() -> None:
     assert used and used <= settings, sorted(used - settings)
 
 
-def test_pods_are_locked_down_and_drain_sse() -> None:
-    security = VALUES["securityContext"]
-    assert security["readOnlyRootFilesystem"] and not security["allowPrivilegeEscalation"]
-    assert VALUES["podSecurityContext"]["runAsNonRoot"]
-    gateway = VALUES["gateway"]
-    assert gateway["terminationGracePeriodSeconds"] > gateway["preStopSleepSeconds"] + 30
-    assert VALUES["ingress"]["timeoutSeconds"] > max(
-        gateway["sseCycleSeconds"], gateway["longPollTimeoutSeconds"]
-    )
-    deployment = TEMPLATES["gateway-deployment.yaml"]
-    assert "path: /healthz" in deployment and "path: /readyz" in deployment and "preStop" in deployment
-    assert "proxy-buffering" in TEMPLATES["ingress.yaml"]
+# -- helpers --------------------------------------------------------------------------------------
 
 
-def _define(name: str) -> str:
-    """The body of ``{{ define name }}`` in _helpers.tpl, actions' whitespace and trim marks dropped."""
-    start = r'\{\{-? define "' + re.escape(name) + r'" -?\}\}'
-    end = r"\{\{-? end -?\}\}\s*(?=\{\{/\*|\{\{-? define|$)"  # the define's own end: then the next one
-    body = re.search(start + "(.*?)" + end, TEMPLATES["_helpers.tpl"], flags=re.S)
-    assert body, f"no define {name}"
-    return re.sub(r"\{\{-?\s*(.*?)\s*-?\}\}", r"{{\1}}", body.group(1)).replace("\n", "")
+def _pod(rendered: Rendered, component: str) -> dict:
+    return rendered.get("Deployment", f"t-durable-streams-{component}")["spec"]["template"]["spec"]
 
 
-def test_admin_port_is_for_probes_and_metrics_and_never_routed() -> None:
-    """/metrics, /healthz and /readyz answer 404 on the public port once gateway.adminPort is
-    set: probes and the ServiceMonitor must use the admin port, the Ingress must never reach it."""
-    assert VALUES["gateway"]["adminPort"], "the chart keeps metrics and health off the public port by default"
-    assert _define("ds.opsPort") == "{{if .Values.gateway.adminPort}}admin{{else}}http{{end}}"
-    deployment = TEMPLATES["gateway-deployment.yaml"]
-    for path in ("/healthz", "/readyz"):
-        (port,) = re.findall(rf"path: {path}\n\s*port: (.+)", deployment)
-        assert port.strip() == '{{ include "ds.opsPort" . }}', f"the {path} probe does not use the admin port"
-    assert re.search(r"- name: admin\n\s*containerPort: \{\{ \.Values\.gateway\.adminPort \}\}", deployment)
-    monitor = TEMPLATES["servicemonitor.yaml"]
-    assert '- port: {{ include "ds.opsPort" . }}\n      path: /metrics' in monitor
-    ingress = TEMPLATES["ingress.yaml"]
-    assert re.findall(r"port:\n\s*(\w+): (\S+)", ingress) == [("name", "http")], (
-        "the Ingress routes only http"
-    )
-    assert "adminPort" not in ingress and "opsPort" not in ingress
-    public, _, admin = TEMPLATES["service.yaml"].partition("{{- if .Values.gateway.adminPort }}\n---\n")
-    assert "admin" not in public.split("ports:", 1)[1], (
-        "the public (maybe LoadBalancer) Service carries the admin port"
-    )
-    assert "type: ClusterIP" in admin and "targetPort: admin" in admin
+def _settings(rendered: Rendered) -> dict[str, str]:
+    return rendered.get("ConfigMap", "t-durable-streams-settings")["data"]
 
 
-def test_auth_files_are_mounted_where_the_settings_point() -> None:
-    """Each DURABLE_STREAMS_AUTH_*_FILE names a file of a Secret volume, mounted as a directory:
-    a subPath mount would never see the Secret change (the token file is re-read on change)."""
-    configmap, deployment = TEMPLATES["configmap.yaml"], TEMPLATES["gateway-deployment.yaml"]
-    files = dict(re.findall(r"(DURABLE_STREAMS_AUTH_\w+_FILE): (\S+)", configmap))
-    assert set(files) == {"DURABLE_STREAMS_AUTH_TOKENS_FILE", "DURABLE_STREAMS_AUTH_JWT_KEY_FILE",
-                          "DURABLE_STREAMS_AUTH_SIGNING_KEY_FILE"}  # fmt: skip
-    for path in files.values():
-        directory, _, name = path.rpartition("/")
-        assert f"mountPath: {directory}\n" in deployment, path
-        assert f"path: {name}\n" in deployment, path
-    assert "subPath:" not in deployment
-    assert deployment.count("readOnly: true") >= 4  # the archive and the three auth volumes
-    assert (
-        "existingSecret" in TEMPLATES["auth-secret.yaml"] and "kind: Secret" in TEMPLATES["auth-secret.yaml"]
-    )
-    notes = TEMPLATES["NOTES.txt"]
-    assert "if not $auth" in notes and "ACCESS CONTROL IS OFF" in notes
+def _cron_pod(rendered: Rendered) -> dict:
+    return rendered.get("CronJob", "t-durable-streams-analytics")["spec"]["jobTemplate"]["spec"]["template"][
+        "spec"
+    ]
 
 
-def _helm() -> str:
-    helm = shutil.which("helm")
-    if helm is None:
-        print("SKIP reason: no `helm` binary on PATH; static checks above still ran")
-        pytest.skip("no `helm` binary on PATH (static chart checks still ran)")
-    return helm
+def _gateway_probe_ports(rendered: Rendered) -> set[object]:
+    (container,) = _pod(rendered, "gateway")["containers"]
+    return {container[p]["httpGet"]["port"] for p in ("startupProbe", "livenessProbe", "readinessProbe")}
 
 
-def _render(helm: str, *args: str) -> tuple[str, dict[tuple[str, str], dict]]:
-    rendered = subprocess.run([helm, "template", "t", str(CHART), *args], check=True, capture_output=True,
-                              text=True).stdout  # fmt: skip
-    return rendered, {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(rendered) if d}
-
-
-def _gateway_probes(docs: dict[tuple[str, str], dict]) -> set[object]:
-    (container,) = docs["Deployment", "t-durable-streams-gateway"]["spec"]["template"]["spec"]["containers"]
-    return {container[probe]["httpGet"]["port"] for probe in ("livenessProbe", "readinessProbe")}
-
-
-def test_helm_lint_and_template_validate() -> None:
-    helm = _helm()
-    args = ["--set", "externalRedis.url=redis://redis:6379/0", "--set", "ingress.enabled=true",
-            "--set", "spark.enabled=true", "--set", "metrics.serviceMonitor.enabled=true",
-            "--set", "auth.tokens.existingSecret=ds-tokens", "--set", "auth.jwt.jwksUrl=https://idp.example/jwks",
-            "--set", "auth.signingKey.value=0123456789abcdef0123456789abcdef"]  # fmt: skip
-    subprocess.run([helm, "dependency", "build", str(CHART)], check=False, capture_output=True)
-    subprocess.run([helm, "lint", str(CHART), *args], check=True)
-    rendered, docs = _render(helm, *args)
-    kinds = {kind for kind, _ in docs}
-    assert {"Deployment", "Service", "Ingress", "HorizontalPodAutoscaler", "PodDisruptionBudget", "CronJob",
-            "ServiceMonitor", "Secret"} <= kinds  # fmt: skip
-    # the admin port: probes and the ServiceMonitor on it; only the public port behind the Ingress
-    assert _gateway_probes(docs) == {"admin"}
-    backends = [p["backend"]["service"] for rule in docs["Ingress", "t-durable-streams"]["spec"]["rules"]
-                for p in rule["http"]["paths"]]  # fmt: skip
-    assert backends and all(b == {"name": "t-durable-streams", "port": {"name": "http"}} for b in backends)
-    assert [p["name"] for p in docs["Service", "t-durable-streams"]["spec"]["ports"]] == ["http"]
-    assert docs["Service", "t-durable-streams-admin"]["spec"]["ports"][0]["targetPort"] == "admin"
-    endpoints = docs["ServiceMonitor", "t-durable-streams"]["spec"]["endpoints"]
-    assert {"admin", "metrics"} == {e["port"] for e in endpoints}
-    # auth: files from Secrets, as directories; settings point at them
-    settings = docs["ConfigMap", "t-durable-streams-settings"]["data"]
-    assert (
-        settings["DURABLE_STREAMS_TRUSTED_PROXY_HOPS"] == "1"
-        and settings["DURABLE_STREAMS_ADMIN_PORT"] == "9090"
-    )
-    assert settings["DURABLE_STREAMS_PUBLIC_URL"] == "http://streams.example.com"
-    pod = docs["Deployment", "t-durable-streams-gateway"]["spec"]["template"]["spec"]
-    volumes = {v["name"]: v for v in pod["volumes"]}
-    assert volumes["auth-tokens"]["secret"]["secretName"] == "ds-tokens"
-    assert volumes["auth-signing-key"]["secret"]["secretName"] == "t-durable-streams-auth"
-    mounts = {m["mountPath"]: m for m in pod["containers"][0]["volumeMounts"]}
-    for name in ("DURABLE_STREAMS_AUTH_TOKENS_FILE", "DURABLE_STREAMS_AUTH_SIGNING_KEY_FILE"):
-        mount = mounts[settings[name].rpartition("/")[0]]
-        assert mount["readOnly"] and "subPath" not in mount
-    # without an admin port, everything on the public port again
-    _, plain = _render(
-        helm, "--set", "externalRedis.url=redis://redis:6379/0", "--set", "gateway.adminPort=0"
-    )
-    assert _gateway_probes(plain) == {"http"} and ("Service", "t-durable-streams-admin") not in plain
-    validator = shutil.which("kubeconform")
-    if validator:
-        subprocess.run([validator, "-strict", "-ignore-missing-schemas", "-summary"], input=rendered,
-                       text=True, check=True)  # fmt: skip
-    else:
-        print("kubeconform not on PATH: rendered manifests parsed, not schema-validated")
+def _ingress_paths(rendered: Rendered) -> list[tuple[str, str]]:
+    (rule,) = rendered.get("Ingress", "t-durable-streams")["spec"]["rules"]
+    return [(p["path"], p["pathType"]) for p in rule["http"]["paths"]]
