@@ -104,9 +104,7 @@ def test_the_bundled_redis_is_the_one_the_gateways_use_and_is_durable() -> None:
     service = rendered.get("Service", host.group(1))
     redis = rendered.get("StatefulSet", host.group(1))
     assert service["spec"]["selector"].items() <= redis["spec"]["template"]["metadata"]["labels"].items()
-    conf = rendered.get("ConfigMap", host.group(1))["data"]["redis.conf"]
-    settings = [line.split(None, 1) for line in conf.splitlines() if line and not line.startswith("#")]
-    last = {key: value for key, value in settings}  # redis.conf: the last line of a key wins
+    last = _redis_conf(rendered, host.group(1))
     assert last["appendonly"] == "yes" and last["appendfsync"] == "always"
     assert last["maxmemory-policy"] == "noeviction" and last["maxmemory"] == VALUES["redis"]["maxmemory"]
     # extraConfig cannot undo it
@@ -386,8 +384,7 @@ def test_what_a_review_for_real_clusters_found() -> None:
     # the bundled Redis: what the gateways rely on comes after redis.extraConfig
     extra = "maxmemory 0\nport 7000\nprotected-mode yes\nappendonly no"
     conf = render((), {"redis.enabled": "true"}, set_string={"redis.extraConfig": extra})
-    text = conf.get("ConfigMap", "t-durable-streams-redis")["data"]["redis.conf"]
-    last = dict(line.split(None, 1) for line in text.splitlines() if line.strip() and not line.startswith("#"))
+    last = _redis_conf(conf)
     assert last["maxmemory"] == "1536mb" and last["port"] == "6379" and last["protected-mode"] == "no"
     assert last["appendonly"] == "yes"
     # a budget that forbids every drain is refused; a shared volume without the archive is unused
@@ -464,6 +461,13 @@ def test_environment_variables_are_real_settings() -> None:
 
 def _pod(rendered: Rendered, component: str) -> dict:
     return rendered.get("Deployment", f"t-durable-streams-{component}")["spec"]["template"]["spec"]
+
+
+def _redis_conf(rendered: Rendered, name: str = "t-durable-streams-redis") -> dict[str, str]:
+    """The bundled Redis' settings as Redis reads redis.conf: the last line of a key wins."""
+    text = rendered.get("ConfigMap", name)["data"]["redis.conf"]
+    lines = [line.split(None, 1) for line in text.splitlines() if line.strip() and not line.startswith("#")]
+    return {key: value for key, value in lines}
 
 
 def _pod_specs(rendered: Rendered) -> list[dict]:
