@@ -7,8 +7,12 @@ environment (flags win), so the same settings serve a laptop and a container.
 from __future__ import annotations
 
 import argparse
+import math
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
+from typing import NoReturn
+from urllib.parse import urlsplit, urlunsplit
 
 ENV_PREFIX = "DURABLE_STREAMS_"
 
@@ -38,6 +42,8 @@ class Settings:
     require_durable: bool = False
     workers: int = 1
     log_level: str = "info"
+    log_format: str = "text"
+    access_log: bool = False
     redis_max_connections: int = 64
     # the archive (serve reads it; `durable-streams archive` writes it)
     archive_url: str | None = None
@@ -51,6 +57,7 @@ class Settings:
     archive_interval: float = 1.0
     archive_reconcile_seconds: float = 60.0
     archive_lease_seconds: float = 30.0
+    archive_stall_seconds: float = 120.0
     metrics_port: int = 0
     retention_seconds: float = 0.0
     # access control (README, Security): on as soon as any credential source is set
@@ -92,7 +99,7 @@ class Settings:
 
 
 # Which command takes which settings (the rest are `serve`'s alone).
-COMMON = ("host", "redis_url", "data_dir", "archive_url", "log_level")
+COMMON = ("host", "redis_url", "data_dir", "archive_url", "log_level", "log_format")
 WORKER = (
     "archive_hot_bytes",
     "archive_hot_seconds",
@@ -102,6 +109,7 @@ WORKER = (
     "archive_interval",
     "archive_reconcile_seconds",
     "archive_lease_seconds",
+    "archive_stall_seconds",
     "retention_seconds",
     "metrics_port",
 )
@@ -143,6 +151,10 @@ HELP = {
     "redis_max_connections": "Redis connections per process; requests beyond them wait (up to 10 s) "
     "for a free one",
     "log_level": "debug, info, warning or error",
+    "log_format": "text (one line per record) or json (one JSON object per line: ts, level, logger, "
+    "message and the record's fields)",
+    "access_log": "log one line per request: method, path (query values that may be secrets, such as "
+    "a signed URL's signature, redacted), status, bytes, duration, client address",
     "archive_url": "where archived Parquet files live: a directory or an fsspec URL such as "
     "s3://bucket/prefix (needs s3fs); unset: <data-dir>/archive",
     "archive_hints": "tell archive workers which streams got appends (one Redis call per second per "
@@ -158,7 +170,12 @@ HELP = {
     "archives of deleted or expired streams (one worker scans at a time)",
     "archive_lease_seconds": "how long a stream stays claimed by a worker that stopped answering "
     "(renewed after every file; a crashed worker's streams are taken over after this)",
-    "metrics_port": "serve Prometheus metrics on this port at --host (0: off)",
+    "archive_stall_seconds": "the worker's /healthz (on --metrics-port) answers 503 once its loop has "
+    "made no progress (a pass, a stream, a lease renewal) for this long: a liveness probe restarts a "
+    "hung worker. Above any legitimate gap: an idle loop beats every --archive-interval, a busy one "
+    "per stream and on every lease renewal (each third of --archive-lease-seconds)",
+    "metrics_port": "serve Prometheus metrics (and, for the archive worker, /healthz) on this port "
+    "at --host (0: off)",
     "retention_seconds": "drop archived data older than this while the stream goes on; reads "
     "of it answer 410 (0: keep everything)",
     "auth_tokens_file": "JSON file of static bearer tokens (or their SHA-256), each with grants "
@@ -201,40 +218,206 @@ def env_name(field_name: str) -> str:
     return ENV_PREFIX + field_name.upper()
 
 
-def _env_default(name: str, kind: type, default: object) -> object:
+def flag_name(field_name: str) -> str:
+    return "--" + field_name.replace("_", "-")
+
+
+# -- values ------------------------------------------------------------------------
+#
+# Every value, from a flag or the environment, goes through its parser below: a bad
+# one is one line naming the flag, the variable and the value (exit code 2), never a
+# traceback from deep inside the start. argparse applies a parser to a flag's value,
+# and to a default that is a string, i.e. a value taken from the environment, so an
+# environment variable that a flag overrides is not looked at.
+
+Parse = Callable[[str], object]
+LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("text", "json")
+REDIS_SCHEMES = ("redis", "rediss", "unix")
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+class SettingsParser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line on stderr (exit code 2), not a usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _whole(low: int, high: int | None = None) -> Callable[[str], int]:
+    def parse(raw: str) -> int:
+        try:
+            value = int(raw.strip().replace("_", ""))
+        except ValueError:
+            raise ValueError("is not a whole number") from None
+        if value < low or (high is not None and value > high):
+            raise ValueError(f"is out of range ({low} to {high})" if high is not None else f"is below {low}")
+        return value
+
+    return parse
+
+
+def _number(*, positive: bool = False) -> Callable[[str], float]:
+    def parse(raw: str) -> float:
+        try:
+            value = float(raw.strip())
+        except ValueError:
+            raise ValueError("is not a number") from None
+        if not math.isfinite(value):
+            raise ValueError("is not a finite number")
+        if value < 0 or (positive and value == 0):
+            raise ValueError("must be above 0" if positive else "must not be negative")
+        return value
+
+    return parse
+
+
+def _boolean(raw: str) -> bool:
+    word = raw.strip().lower()
+    if word in _TRUE:
+        return True
+    if word in _FALSE:
+        return False
+    raise ValueError("is not a boolean (true/false, yes/no, on/off, 1/0)")
+
+
+def _one_of(*choices: str) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        word = raw.strip().lower()
+        if word not in choices:
+            raise ValueError(f"is not one of {', '.join(choices)}")
+        return word
+
+    return parse
+
+
+def _redis_url(raw: str) -> str:
+    scheme = urlsplit(raw.strip()).scheme
+    if scheme not in REDIS_SCHEMES:
+        raise ValueError("is not a Redis URL (redis://host:port/db, rediss://... or unix:///path)")
+    return raw.strip()
+
+
+def _url_prefix(raw: str) -> str:
+    if not raw.startswith("/"):
+        raise ValueError("must start with '/'")
+    return raw
+
+
+def shown(name: str, raw: str) -> str:
+    """A value as an error message may show it: a URL's password is not shown."""
+    if name == "redis_url":
+        try:
+            parts = urlsplit(raw)
+            if parts.password:
+                netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+                return repr(urlunsplit(parts._replace(netloc=netloc)))
+        except ValueError:
+            return "(not shown)"
+    return repr(raw)
+
+
+# Parsers of the settings that are more than "any number of the field's type" (which is
+# "not negative" for numbers).
+PARSERS: dict[str, Parse] = {
+    "port": _whole(1, 65535),
+    "admin_port": _whole(0, 65535),
+    "metrics_port": _whole(0, 65535),
+    "redis_url": _redis_url,
+    "prefix": _url_prefix,
+    "log_level": _one_of(*LOG_LEVELS),
+    "log_format": _one_of(*LOG_FORMATS),
+    "workers": _whole(1),
+    "redis_max_connections": _whole(1),
+    "max_body_bytes": _whole(1),
+    "max_chunk_bytes": _whole(1),
+    "max_path_bytes": _whole(1),
+    "max_json_messages": _whole(1),
+    "max_inflight_body_bytes": _whole(1),
+    "archive_file_bytes": _whole(1),
+    **{
+        name: _number(positive=True)
+        for name in (
+            "body_timeout",
+            "write_timeout",
+            "redis_timeout",
+            "keepalive_seconds",
+            "long_poll_timeout",
+            "sse_cycle_seconds",
+            "sse_heartbeat_seconds",
+            "archive_interval",
+            "archive_reconcile_seconds",
+            "archive_lease_seconds",
+            "archive_stall_seconds",
+            "auth_signed_url_max_seconds",
+        )
+    },
+}
+_BY_TYPE: dict[str, Parse] = {"int": _whole(0), "float": _number(), "bool": _boolean}
+
+
+def _parser(name: str, type_name: str, check: Callable[[str], object] | None) -> Parse:
+    """``name``'s parser for argparse: ValueError becomes ArgumentTypeError with the whole story."""
+    base = PARSERS.get(name) or _BY_TYPE.get(type_name) or str
+
+    def parse(raw: str) -> object:
+        try:
+            value = base(raw)
+            if check is not None:
+                try:
+                    check(raw)
+                except ValueError as exc:
+                    raise ValueError(f"is not valid: {exc}") from None
+        except ValueError as exc:
+            env = env_name(name) + (" or REDIS_URL" if name == "redis_url" else "")
+            raise argparse.ArgumentTypeError(
+                f"{shown(name, raw)} {exc} (flag {flag_name(name)}, env {env})"
+            ) from None
+        return value
+
+    parse.__name__ = name  # argparse names the parser in some messages
+    return parse
+
+
+def _env_default(name: str, default: object) -> object:
+    """The environment's value, as a string for argparse to parse (or the field's default)."""
     raw = os.environ.get(env_name(name))
-    if raw is None:
-        if name == "redis_url":
-            return os.environ.get("REDIS_URL") or default
-        return default
-    if kind is bool:
-        return raw.strip().lower() in ("1", "true", "yes", "on")
-    return kind(raw)
+    if raw is None and name == "redis_url":
+        raw = os.environ.get("REDIS_URL") or None
+    return default if raw is None else raw
 
 
 def serve_settings() -> list[str]:
     return [f.name for f in fields(Settings) if f.name not in WORKER]
 
 
-def add_arguments(parser: argparse.ArgumentParser, names: list[str] | tuple[str, ...] | None = None) -> None:
-    """Add ``--flag`` options (defaulting to the environment) for the settings named."""
-    kinds = {"int": int, "float": float, "bool": bool, "str": str, "str | None": str}
+def add_arguments(
+    parser: argparse.ArgumentParser,
+    names: list[str] | tuple[str, ...] | None = None,
+    checks: Mapping[str, Callable[[str], object]] | None = None,
+) -> None:
+    """Add ``--flag`` options (defaulting to the environment) for the settings named.
+    ``checks``: further validators of some settings' text (ValueError: a bad value),
+    e.g. the rule parsers of layers above this one."""
     for f in fields(Settings):
         if names is not None and f.name not in names:
             continue
-        kind = kinds[str(f.type)]
-        flag = "--" + f.name.replace("_", "-")
-        default = _env_default(f.name, kind, f.default)
+        type_name = str(f.type).removesuffix(" | None")
+        parse = _parser(f.name, type_name, (checks or {}).get(f.name))
+        default = _env_default(f.name, f.default)
         help_text = f"{HELP[f.name]} [env {env_name(f.name)}; default: %(default)s]"
-        if kind is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_text)
+        if type_name == "bool":
+            action = parser.add_argument(
+                flag_name(f.name), action=argparse.BooleanOptionalAction, default=default, help=help_text
+            )
+            action.type = parse  # only for a default from the environment (a string)
         else:
-            parser.add_argument(flag, type=kind, default=default, help=help_text)
+            parser.add_argument(flag_name(f.name), type=parse, default=default, help=help_text)
 
 
 def from_env() -> Settings:
     """Settings from the environment alone (how gunicorn-launched workers get them)."""
-    parser = argparse.ArgumentParser()
+    parser = SettingsParser(prog="durable-streams")
     add_arguments(parser)
     return from_namespace(parser.parse_args([]))
 

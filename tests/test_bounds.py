@@ -294,7 +294,8 @@ async def test_a_client_gone_is_no_error(caplog) -> None:
     app = web.Application()
     settings = Settings()
     app[GATEWAY] = Gateway(
-        settings=settings, store=None, fanout=None, bodies=BodyBudget(1), guard=Guard(settings)
+        settings=settings, store=None, fanout=None, bodies=BodyBudget(1), guard=Guard(settings),
+        preflight=None,
     )  # type: ignore[arg-type]
     request = make_mocked_request("GET", "/v1/stream/x", app=app)
     with caplog.at_level(logging.INFO):

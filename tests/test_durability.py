@@ -20,11 +20,16 @@ call itself (no counter of fsyncs exists; a page-cache check cannot tell).
 ``test_require_durable_*``: against an external Redis, ``--require-durable``
 starts only on ``appendonly yes`` + ``appendfsync always`` and refuses the rest,
 with one line saying why.
+
+Eviction: a Redis with any ``maxmemory-policy`` but ``noeviction`` deletes keys
+when full, acknowledged streams included: the gateway warns loudly, refuses
+under ``--require-durable``, and the embedded Redis runs with ``noeviction``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import subprocess
@@ -38,7 +43,7 @@ import pytest
 import redis
 
 from gateway.cli.embedded import EmbeddedRedis, find_redis_server
-from gateway.storage.durability import assess
+from gateway.storage.durability import assess, assess_eviction
 
 from .conftest import free_port, read_all, start_gateway, wait_ready
 
@@ -140,11 +145,11 @@ def test_embedded_redis_fsyncs_every_write(tmp_path: Path) -> None:
 def external_redis(tmp_path: Path, request: pytest.FixtureRequest):
     """A redis-server with the persistence settings given as the test's parameters."""
     binary = _needs_redis_server()
-    appendonly, appendfsync = request.param
+    appendonly, appendfsync, *more = request.param  # more: further redis-server arguments
     port = free_port()
     server = subprocess.Popen(
         [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", str(tmp_path),
-         "--appendonly", appendonly, "--appendfsync", appendfsync],
+         "--appendonly", appendonly, "--appendfsync", appendfsync, *more],
         stdout=subprocess.DEVNULL,
     )  # fmt: skip
     url = f"redis://127.0.0.1:{port}/0"
@@ -205,3 +210,89 @@ def test_require_durable_accepts_fsync_always(external_redis: str) -> None:
 )
 def test_assess(appendonly: str, appendfsync: str, durable: bool) -> None:
     assert (assess(appendonly, appendfsync) is None) is durable
+
+
+def test_embedded_redis_never_evicts(tmp_path: Path) -> None:
+    """Asked for explicitly (not left to a default or a config file): at maxmemory the
+    embedded Redis refuses writes (503 to the client) rather than deleting streams."""
+    _needs_redis_server()
+    command = EmbeddedRedis(tmp_path / "data").command()
+    assert command[command.index("--maxmemory-policy") + 1] == "noeviction"
+    port = free_port()
+    data_dir = tmp_path / "data"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway", "serve", "--port", str(port), "--data-dir", str(data_dir)],
+        env=_env(), stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        wait_ready(port, proc)
+        with redis.Redis(unix_socket_path=str(data_dir / "redis.sock"), decode_responses=True) as client:
+            assert client.config_get("maxmemory-policy")["maxmemory-policy"] == "noeviction"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+
+
+EVICTING = ("yes", "always", "--maxmemory-policy", "allkeys-lru")
+
+
+@pytest.mark.parametrize("external_redis", [EVICTING], indirect=True)
+def test_an_evicting_redis_is_warned_about(external_redis: str, tmp_path: Path) -> None:
+    port = free_port()
+    log = tmp_path / "serve.log"
+    with log.open("w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway", "serve", "--port", str(port), "--redis-url", external_redis],
+            env=_env(), stderr=err,
+        )  # fmt: skip
+    try:
+        wait_ready(port, proc)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+    warnings = [line for line in log.read_text().splitlines() if "WARNING" in line and "maxmemory" in line]
+    assert len(warnings) == 1, log.read_text()
+    assert "ACKNOWLEDGED DATA CAN BE LOST" in warnings[0] and "'allkeys-lru'" in warnings[0]
+    assert "CONFIG SET maxmemory-policy noeviction" in warnings[0]
+
+
+@pytest.mark.parametrize("external_redis", [EVICTING], indirect=True)
+def test_require_durable_refuses_an_evicting_redis(external_redis: str) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "gateway", "serve", "--port", str(free_port()),
+         "--redis-url", external_redis, "--require-durable"],
+        capture_output=True, text=True, timeout=30, env=_env(),
+    )  # fmt: skip
+    assert out.returncode == 1, out.stderr
+    assert "Traceback" not in out.stderr
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("durable-streams: refusing to start (--require-durable): maxmemory-policy is "
+                           "'allkeys-lru'"), out.stderr  # fmt: skip
+    assert "CONFIG SET maxmemory-policy noeviction" in last
+
+
+@pytest.mark.parametrize(
+    "external_redis", [("yes", "always", "--rename-command", "CONFIG", "hidden-config")], indirect=True
+)
+async def test_a_redis_that_forbids_config_is_said_and_skipped(
+    external_redis: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Managed Redis often refuses CONFIG: the gateway says it could not check, and serves."""
+    with caplog.at_level(logging.WARNING, logger="gateway.storage.durability"):
+        gateway = await start_gateway(external_redis)
+        try:
+            async with aiohttp.ClientSession() as http:
+                async with http.get(gateway.make_url("/readyz")) as r:
+                    assert r.status == 200
+        finally:
+            await gateway.close()
+    said = " ".join(record.getMessage() for record in caplog.records)
+    assert "could not read maxmemory-policy" in said and "make sure it is noeviction" in said
+
+
+@pytest.mark.parametrize(
+    "policy, safe",
+    [("noeviction", True), ("allkeys-lru", False), ("volatile-lru", False), ("allkeys-random", False)],
+)
+def test_assess_eviction(policy: str, safe: bool) -> None:
+    assert (assess_eviction(policy) is None) is safe

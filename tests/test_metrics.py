@@ -3,8 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from typing import Any
 
+import redis as redis_py
 from prometheus_client.parser import text_string_to_metric_families
+
+from gateway import __version__
+from gateway.archive.files import Archive
+from gateway.storage import keys
+from workers.archiver import Archiver, Policy
+
+from .conftest import free_port, wait_ready
 
 
 async def scrape(http, gateway: str) -> dict[tuple[str, tuple], float]:
@@ -59,3 +75,96 @@ async def test_requests_appends_live_and_redis_are_counted(http, gateway, url):
     assert grew("ds_http_request_duration_seconds_count", route="stream", method="POST") == 4
     # No stream path ever becomes a label (cardinality).
     assert not any(url.rsplit("/", 1)[1] in str(key) for key in after)
+
+
+def _families(text: str) -> dict[str, Any]:
+    return {family.name: family for family in text_string_to_metric_families(text)}
+
+
+async def test_build_info_is_one(http, gateway) -> None:
+    samples = await scrape(http, gateway)
+    labels = {"version": __version__, "python": platform.python_version(), "redis_py": redis_py.__version__}
+    assert value(samples, "ds_build_info", **labels) == 1
+    assert [key for key in samples if key[0] == "ds_build_info"] == [
+        ("ds_build_info", tuple(sorted(labels.items())))
+    ]
+
+
+async def test_archive_metrics_carry_no_worker_label(http, gateway, url, redis, archive_dir) -> None:
+    """A label per worker name (host:pid) made a new series at every restart; the
+    cluster-wide gauges say how to aggregate them (max, not sum)."""
+    async with http.put(url, data=b"x" * 100, headers={"Content-Type": "text/plain"}) as r:
+        assert r.status == 201
+    worker = Archiver(redis, Archive(archive_dir), Policy(hot_bytes=0, hot_ms=0, min_bytes=0, max_delay_ms=0))
+    await worker.archive_stream(keys.stream_id(url.split("/v1/stream/", 1)[1]))
+    await worker.work_once(limit=0)  # reports the backlog
+    base = gateway.split("/v1/stream")[0]
+    async with http.get(f"{base}/metrics") as r:
+        families = _families(await r.text())
+    for name in ("ds_archive_bytes", "ds_archive_files", "ds_archive_due_streams", "ds_archive_lag_seconds"):
+        assert families[name].samples, name
+        assert all(not s.labels for s in families[name].samples if not s.name.endswith("_created")), name
+    assert sum(s.value for s in families["ds_archive_bytes"].samples if s.name.endswith("_total")) >= 100
+    for name in ("ds_archive_due_streams", "ds_archive_lag_seconds"):
+        assert "max()" in families[name].documentation and "not sum()" in families[name].documentation
+
+
+def _scrape_sync(port: int) -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        return _families(r.read().decode())
+
+
+def _workers_of(proc: subprocess.Popen) -> set[int]:
+    children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    return {int(pid) for pid in children}
+
+
+def _by_worker(families: dict[str, Any], name: str) -> dict[str, float]:
+    return {s.labels["worker"]: s.value for s in families[name].samples}
+
+
+def test_gunicorn_workers_report_process_metrics_and_one_build(tmp_path, redis_url: str) -> None:
+    """Under gunicorn (multiprocess mode): process_* per worker, labelled by a slot that a
+    replacement worker inherits (bounded labels across restarts), and one ds_build_info."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DURABLE_STREAMS_", "PROMETHEUS_"))}
+    log = tmp_path / "serve.log"
+    with log.open("w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway", "serve", "--port", str(port), "--redis-url", redis_url,
+             "--workers", "2"],
+            env=env, stderr=err,
+        )  # fmt: skip
+    try:
+        wait_ready(port, proc)
+        deadline = time.monotonic() + 30
+        while len(_workers_of(proc)) < 2:
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        for _ in range(4):  # whichever worker answers reports both
+            families = _scrape_sync(port)
+            (build,) = families["ds_build_info"].samples
+            assert build.value == 1 and set(build.labels) == {"version", "python", "redis_py"}
+            for name in ("process_resident_memory_bytes", "process_cpu_seconds", "process_open_fds",
+                         "process_start_time_seconds"):  # fmt: skip
+                assert set(_by_worker(families, name)) == {"0", "1"}, name
+        started = _by_worker(families, "process_start_time_seconds")
+        assert all(value > 0 for value in _by_worker(families, "process_resident_memory_bytes").values())
+
+        before = _workers_of(proc)
+        os.kill(min(before), signal.SIGKILL)  # gunicorn starts a replacement
+        while len(_workers_of(proc)) < 2 or _workers_of(proc) == before:
+            assert time.monotonic() < deadline + 30, log.read_text()
+            time.sleep(0.1)
+        wait_ready(port, proc)
+        for _ in range(50):
+            families = _scrape_sync(port)
+            now = _by_worker(families, "process_start_time_seconds")
+            if set(now) == {"0", "1"} and now != started:
+                break
+            time.sleep(0.2)
+        assert set(now) == {"0", "1"} and now != started  # the replacement took the dead worker's slot
+        assert not any("pid" in s.labels for f in families.values() for s in f.samples)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(40)

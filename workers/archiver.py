@@ -26,6 +26,11 @@ staged segment of a live incarnation names it. Every file delete asks that.
 Work is found through hints (``gateway/storage/hints.py``) and a periodic
 reconciliation (one worker at a time) that also removes the files of deleted
 and expired streams, found through the index ``keys.ARCHIVE_SEGSETS``.
+
+Redis away: the worker starts anyway and waits for it (``gateway/storage/
+preflight.py``); a pass that loses it is one log line, and the next pass comes
+after a capped, jittered backoff. The loop keeps a heartbeat (``health.py``)
+that ``/healthz`` on ``--metrics-port`` reports.
 """
 
 from __future__ import annotations
@@ -47,13 +52,21 @@ from redis.asyncio import Redis
 from gateway.archive.files import Archive
 from gateway.archive.schema import Row, to_table
 from gateway.archive.segments import GARBAGE, PENDING, Segment, file_name, utc_date
+from gateway.concurrency import backoff
 from gateway.config import Settings
 from gateway.protocol import offsets
 from gateway.storage import keys
+from gateway.storage.outcomes import UNAVAILABLE
+from gateway.storage.preflight import Preflight, reason
 from gateway.storage.scripts import Scripts
 from gateway.telemetry import metrics
+from gateway.telemetry.logs import RateLimited
+
+from . import health
+from .health import Heartbeat
 
 log = logging.getLogger("durable_streams.archive")
+limited = RateLimited(log)
 PAGE = 1000  # log entries per XRANGE
 ALIVE_MS = 60_000  # how long one announcement keeps gateways sending hints
 FORGET_BATCH = 500  # members per archive_forget call (Lua's unpack has a limit)
@@ -68,6 +81,11 @@ LogPage = list[tuple[bytes, dict[bytes, bytes]]]
 
 def now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def unavailable(exc: BaseException) -> bool:
+    """Redis could not be reached or answered too late: nothing to fix here but to wait."""
+    return isinstance(exc, (*UNAVAILABLE, OSError))
 
 
 @dataclass(frozen=True)
@@ -138,6 +156,7 @@ class Archiver:
         reconcile_seconds: float = 60.0,
         lease_seconds: float = 30.0,
         name: str | None = None,
+        heartbeat: Heartbeat | None = None,
     ) -> None:
         self.redis = redis
         self.archive = archive
@@ -147,6 +166,7 @@ class Archiver:
         self.reconcile_seconds = reconcile_seconds
         self.lease_seconds = lease_seconds
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
+        self.heartbeat = heartbeat or Heartbeat()
         self._legacy_indexed = False
         self.archived_bytes = 0  # totals, for logs and benchmarks
         self.files_written = 0
@@ -181,8 +201,11 @@ class Archiver:
                 await self.announce()
 
     async def run(self, stop: asyncio.Event) -> None:
-        await self.scripts.load()
-        await self.announce()
+        """Work until ``stop`` is set; the scripts were loaded (``run_worker``'s preflight)."""
+        try:
+            await self.announce()
+        except Exception as exc:  # the first pass will say so too; the renewals try again
+            log.warning("announcing this worker failed: %s", reason(exc))
         announcing = asyncio.create_task(self._keep_announcing(stop))
         try:
             await self._work(stop)
@@ -192,18 +215,30 @@ class Archiver:
 
     async def _work(self, stop: asyncio.Event) -> None:
         next_reconcile = 0.0
+        failures = 0  # passes failed in a row: the next waits longer (backoff)
         while not stop.is_set():
+            pause = self.interval
             try:
                 if time.monotonic() >= next_reconcile:
                     next_reconcile = time.monotonic() + self.reconcile_seconds
                     await self.reconcile()
                 busy = await self.work_once()
-            except Exception:
-                log.exception("archive pass failed; retrying")
+                failures = 0
+            except Exception as exc:
                 busy = 0
+                pause = max(pause, backoff.delay(failures))
+                failures += 1
+                if unavailable(exc):  # one line, not a traceback a second
+                    limited.log(
+                        logging.WARNING, "unavailable", "archive pass failed: redis unavailable (%s); "
+                        "next pass in %.1f s", reason(exc), pause,
+                    )  # fmt: skip
+                else:
+                    log.exception("archive pass failed; next pass in %.1f s", pause)
+            self.heartbeat.beat(0.0 if busy else pause)
             if not busy:
                 try:
-                    await asyncio.wait_for(stop.wait(), self.interval)
+                    await asyncio.wait_for(stop.wait(), pause)
                 except TimeoutError:
                     pass
 
@@ -222,16 +257,21 @@ class Archiver:
             sid = _text(raw)
             try:
                 await self.archive_stream(sid)
-            except Exception:
+            except Exception as exc:
+                if unavailable(exc):  # the pass ends (one line); reconciliation finds a lost hint
+                    with contextlib.suppress(Exception):
+                        await self.hint(sid, now_ms() + 5000)
+                    raise
                 log.exception("archiving %s failed; will retry", keys.path_of(sid))
                 await self.hint(sid, now_ms() + 5000)
+            self.heartbeat.beat()
         return taken
 
     async def _report_backlog(self, now: int) -> None:
         oldest = cast(ScoredMembers, await self.redis.zrange(keys.ARCHIVE_HINTS, 0, 0, withscores=True))
         waited = max(0.0, (now - oldest[0][1]) / 1000) if oldest else 0.0
-        metrics.ARCHIVE_LAG.labels(self.name).set(waited)
-        metrics.ARCHIVE_DUE.labels(self.name).set(await self.redis.zcount(keys.ARCHIVE_HINTS, "-inf", now))
+        metrics.ARCHIVE_LAG.set(waited)
+        metrics.ARCHIVE_DUE.set(await self.redis.zcount(keys.ARCHIVE_HINTS, "-inf", now))
 
     async def hint(self, sid: str, when_ms: int) -> None:
         await self.redis.zadd(keys.ARCHIVE_HINTS, {sid: when_ms}, lt=True)
@@ -249,6 +289,7 @@ class Archiver:
                     lease.check()
                     if not await self._round(lease):
                         return
+                    self.heartbeat.beat()
             except LeaseLost:
                 log.warning("lost the lease of %s during a round; stopped it", keys.path_of(sid))
                 await self.hint(sid, now_ms() + 1000)
@@ -293,6 +334,7 @@ class Archiver:
                 lease.lost = True
                 return
             lease.valid_until = sent + lease.seconds
+            self.heartbeat.beat()  # a long round (a large file) still shows progress
 
     # -- one round ----------------------------------------------------------
 
@@ -409,8 +451,8 @@ class Archiver:
         archived = sum(len(r.data) for r in rows)
         self.archived_bytes += archived
         self.files_written += 1
-        metrics.ARCHIVED_BYTES.labels(self.name).inc(archived)
-        metrics.ARCHIVE_FILES.labels(self.name).inc()
+        metrics.ARCHIVED_BYTES.inc(archived)
+        metrics.ARCHIVE_FILES.inc()
         if _text(result[1]):
             await self._remove(lease, inc, [Segment.parse(result[1])])
         return True
@@ -459,12 +501,16 @@ class Archiver:
             await self._index_legacy_segsets()
         async for batch in _batches(self.redis.scan_iter(match=keys.META_PATTERN, count=1000)):
             await self._hint_unarchived(batch, now)
+            self.heartbeat.beat()  # a large keyspace takes many batches: each is progress
         async for batch in _batches(self.redis.sscan_iter(keys.ARCHIVE_SEGSETS, count=1000)):
             for key in await self._maybe_dead(batch):
                 try:
                     await self._remove_if_dead(key)
-                except Exception:  # one bad entry must not stop the pass
+                except Exception as exc:  # one bad entry must not stop the pass
+                    if unavailable(exc):
+                        raise
                     log.exception("removing the archive %r failed; will retry", key)
+            self.heartbeat.beat()
         return True
 
     async def _index_legacy_segsets(self) -> None:
@@ -582,8 +628,18 @@ def policy_of(settings: Settings) -> Policy:
 
 
 async def run_worker(settings: Settings, redis_url: str, stop: asyncio.Event) -> None:
-    """``durable-streams archive``: work until ``stop`` is set."""
-    client = Redis.from_url(redis_url, decode_responses=False, health_check_interval=30)
+    """``durable-streams archive``: work until ``stop`` is set. Redis unreachable at
+    start: wait for it (with backoff, one line per try); its key layout not this
+    build's: refuse (a ``layout.Mismatch``, one line)."""
+    heartbeat = Heartbeat(settings.archive_stall_seconds)
+    metrics.publish_build_info()
+    if settings.metrics_port:  # first: /healthz answers while Redis is awaited
+        health.serve(settings.host, settings.metrics_port, heartbeat)
+    # No socket timeout (a command may take long on a large stream), but a bounded connect;
+    # a Redis that stops answering stalls the loop, which /healthz then reports.
+    client = Redis.from_url(
+        redis_url, decode_responses=False, health_check_interval=30, socket_connect_timeout=10
+    )
     archiver = Archiver(
         client,
         Archive(settings.archive_location),
@@ -591,13 +647,12 @@ async def run_worker(settings: Settings, redis_url: str, stop: asyncio.Event) ->
         interval=settings.archive_interval,
         reconcile_seconds=settings.archive_reconcile_seconds,
         lease_seconds=settings.archive_lease_seconds,
+        heartbeat=heartbeat,
     )
-    log.info("archiving to %s as %s", settings.archive_location, archiver.name)
-    if settings.metrics_port:
-        from prometheus_client import start_http_server
-
-        start_http_server(settings.metrics_port, addr=settings.host)
     try:
+        if not await Preflight(client, prepare=archiver.scripts.load).wait(stop, heartbeat.beat):
+            return  # stopped while waiting
+        log.info("archiving to %s as %s", settings.archive_location, archiver.name)
         await archiver.run(stop)
     finally:
         await client.aclose()

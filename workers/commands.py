@@ -25,7 +25,9 @@ def register_archive(commands: argparse._SubParsersAction[Any]) -> None:
         help="run an archive worker (Redis -> Parquet)",
         description="Move each stream's data older than the hot window from Redis to Parquet files "
         "(--archive-url), then trim Redis. Run as many as you like: they share the work. Without "
-        "--redis-url it uses the embedded Redis of a `durable-streams serve` on the same --data-dir.",
+        "--redis-url it uses the embedded Redis of a `durable-streams serve` on the same --data-dir. "
+        "With --metrics-port, /metrics and /healthz (a liveness probe: 503 once the loop is stuck "
+        "for --archive-stall-seconds) are served there.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     config.add_arguments(parser, config.COMMON + config.WORKER)

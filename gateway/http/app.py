@@ -1,10 +1,12 @@
 """The aiohttp application: routes, the wrapper every request goes through (errors,
-security headers, metrics), health endpoints, and the Redis lifecycle."""
+security headers, metrics, the access log), health endpoints, and the Redis lifecycle."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
 import time
 from collections.abc import Awaitable, Callable, Mapping
 
@@ -18,14 +20,15 @@ from ..archive.files import Archive
 from ..config import Settings, from_env
 from ..protocol.errors import ProtocolError
 from ..storage import client as redis_client
-from ..storage import durability
 from ..storage.fanout import Fanout
 from ..storage.outcomes import UNAVAILABLE
+from ..storage.preflight import Preflight
 from ..storage.ratelimit import RateLimiter
 from ..storage.store import Store
 from ..telemetry import metrics
 from ..telemetry.logs import QUIET_MALFORMED, RateLimited
 from . import handlers
+from .accesslog import AccessLog
 from .bodies import BodyBudget
 from .context import GATEWAY, Gateway
 from .guard import Guard
@@ -34,6 +37,7 @@ log = logging.getLogger(__name__)
 limited = RateLimited(log)
 CLEANUP_STEP_SECONDS = 5.0  # each shutdown step; none may hold a shutdown past its grace period
 HINTS_TASK = web.AppKey("hints_task", asyncio.Task)
+PREFLIGHT_TASK = web.AppKey("preflight_task", asyncio.Task)
 EMBEDDED_REDIS = web.AppKey("embedded_redis", str)  # the URL of the Redis this server runs itself
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Admit = Callable[[Guard, web.Request], Awaitable[None]]  # a Guard check a route's requests pass
@@ -70,12 +74,25 @@ def _secure(request: web.Request, headers: CIMultiDict[str]) -> None:
         gw.guard.secure(request, headers)
 
 
+def _size(response: web.StreamResponse) -> int:
+    """Body bytes of an answer: sent (a stream's), or about to be (a prepared body's)."""
+    if response.prepared:
+        return response.body_length
+    return response.content_length or 0
+
+
 def endpoint(
-    handler: Handler, route: str | Callable[[web.Request], str], admit: Admit | None = None
+    handler: Handler,
+    route: str | Callable[[web.Request], str],
+    admit: Admit | None = None,
+    *,
+    storage: bool = False,
+    access: AccessLog | None = None,
 ) -> Handler:
     """A route's handler with what every request gets: admission (``admit`` picks the
     Guard's check: origin, credentials, rate limits), errors answered (never a bare
-    500 page), security headers, and the request metrics.
+    500 page), security headers, the request metrics and the access log. ``storage``:
+    the route needs Redis, so until it passed the start-up checks its requests get 503.
 
     One wrapper per route rather than aiohttp middlewares and an on_response_prepare
     signal: each middleware layer costs every request a coroutine and a partial, the
@@ -83,9 +100,11 @@ def endpoint(
     """
 
     async def guarded(request: web.Request) -> web.StreamResponse:
-        started, status = time.perf_counter(), 500
+        started, status, size = time.perf_counter(), 500, 0
         try:
             try:
+                if storage and not request.app[GATEWAY].preflight.ready and request.method != "OPTIONS":
+                    raise ProtocolError(503, "storage not ready yet, retry", {"Retry-After": "2"})
                 if admit is not None:
                     await admit(request.app[GATEWAY].guard, request)
                 response = await handler(request)
@@ -94,6 +113,8 @@ def endpoint(
             status = response.status
             if not response.prepared:  # an event stream sent its own headers already
                 _secure(request, response.headers)
+            if access is not None:
+                size = _size(response)
             return response
         except web.HTTPException as exc:  # aiohttp's own answers, e.g. 413 from request.read()
             status = exc.status
@@ -102,7 +123,10 @@ def endpoint(
         finally:
             request.app[GATEWAY].bodies.release(request)
             name = route if isinstance(route, str) else route(request)
-            metrics.observe_request(name, request.method, status, time.perf_counter() - started)
+            seconds = time.perf_counter() - started
+            metrics.observe_request(name, request.method, status, seconds)
+            if access is not None:
+                access.record(request, status, size, seconds)
 
     return guarded
 
@@ -124,11 +148,15 @@ def _add_routes(
     route: str | Callable[[web.Request], str],
     handlers: Mapping[str, Handler],
     admit: Admit | None = None,
+    *,
+    storage: bool = False,
+    access: AccessLog | None = None,
 ) -> None:
     """``handlers`` by method on ``path``, and a 405 for any other method, all through ``endpoint``."""
     for method, handler in handlers.items():
-        app.router.add_route(method, path, endpoint(handler, route, admit))
-    app.router.add_route("*", path, endpoint(_method_not_allowed(list(handlers)), route, admit))
+        app.router.add_route(method, path, endpoint(handler, route, admit, storage=storage, access=access))
+    refuse = _method_not_allowed(list(handlers))
+    app.router.add_route("*", path, endpoint(refuse, route, admit, storage=storage, access=access))
 
 
 def _admit_ops(route: str) -> Admit:
@@ -161,6 +189,8 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def readyz(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
+    if not gw.preflight.ready:  # unreachable at start, or a check not passed yet (logged)
+        return web.Response(status=503, text="not ready: waiting for storage\n")
     try:
         await gw.store.redis.ping()
         loaded = await gw.store.redis.script_exists(*gw.store.scripts.shas())
@@ -184,10 +214,30 @@ async def app_from_env() -> web.Application:
     return create_app(settings, settings.redis_url)
 
 
-def create_app(settings: Settings, redis_url: str, *, embedded: bool = False) -> web.Application:
+def _stop_this_process(refusal: str) -> None:
+    """A start-up check failed once Redis answered: stop as SIGTERM does (in-flight
+    requests finish). ``durable-streams serve`` then exits non-zero with the refusal;
+    a gunicorn worker is started again, refuses at once, and that stops gunicorn."""
+    log.error("refusing to serve: %s", refusal)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def create_app(
+    settings: Settings,
+    redis_url: str,
+    *,
+    embedded: bool = False,
+    on_refusal: Callable[[str], None] = _stop_this_process,
+) -> web.Application:
     """The gateway app for one process; it connects to ``redis_url`` on startup.
-    ``embedded``: that Redis is this server's own child, so /healthz checks it too."""
+    ``embedded``: that Redis is this server's own child, so /healthz checks it too.
+
+    On startup, the Redis checks (storage/preflight.py) run once: a refusal stops the
+    start; an unreachable Redis does not: the app serves (/healthz 200, /readyz and
+    stream requests 503) while a task tries again, and ``on_refusal`` is called if a
+    check then refuses."""
     logging.getLogger("aiohttp.server").addFilter(QUIET_MALFORMED)  # once: the same filter object
+    metrics.publish_build_info()
     # Bodies are inflated by gateway/http/bodies.py, within the size limit, not by aiohttp.
     app = web.Application(client_max_size=settings.max_body_bytes, handler_args={"auto_decompress": False})
     if embedded:
@@ -202,17 +252,20 @@ def create_app(settings: Settings, redis_url: str, *, embedded: bool = False) ->
             "write and delete every stream (README, Security)",
             settings.host,
         )
+    access = AccessLog(settings.trusted_proxy_hops) if settings.access_log else None
 
     async def startup(app: web.Application) -> None:
+        # Nothing here waits for Redis: clients connect on first use, the fan-out's
+        # listener and the hints task retry by themselves.
         client = redis_client.connect(redis_url, settings.redis_max_connections, settings.redis_timeout)
         pubsub_client = aioredis.Redis.from_url(redis_url, decode_responses=False)
         cold = ColdReader(Archive(settings.archive_location), settings.archive_cache_bytes)
         store = Store(
             client, cold, settings.max_chunk_bytes, settings.notice_payload_bytes, settings.read_inline_bytes
         )
-        await client.ping()
-        await durability.check(client, require=settings.require_durable)
-        await store.scripts.load()
+        preflight = Preflight(
+            client, persistence=True, require_durable=settings.require_durable, prepare=store.scripts.load
+        )
         fanout = Fanout(pubsub_client)
         await fanout.start()
         guard.attach(RateLimiter(client, store.scripts))
@@ -222,16 +275,29 @@ def create_app(settings: Settings, redis_url: str, *, embedded: bool = False) ->
             fanout=fanout,
             bodies=BodyBudget(settings.max_inflight_body_bytes),
             guard=guard,
+            preflight=preflight,
         )
         store.hints.enabled = settings.archive_hints
         app[HINTS_TASK] = asyncio.create_task(store.hints.run())
+        if not await preflight.attempt():  # a refusal is raised: the start fails
+            log.warning(
+                "redis not usable at start (%s): serving anyway; /readyz and stream requests answer "
+                "503 until it is",
+                preflight.problem,
+            )
+            app[PREFLIGHT_TASK] = asyncio.create_task(_keep_trying(preflight, on_refusal))
 
     async def shutdown(app: web.Application) -> None:
         app[GATEWAY].fanout.stop_waiters()  # live responses end cleanly, in-flight writes finish
 
     async def cleanup(app: web.Application) -> None:
         """Each step bounded: a Redis that does not answer must not hold the process."""
-        gw = app[GATEWAY]
+        gw = app.get(GATEWAY)
+        if gw is None:  # the start failed before anything was built
+            return
+        trying = app.get(PREFLIGHT_TASK)
+        if trying is not None:
+            trying.cancel()
         gw.store.hints.stop()
         for name, step in (
             ("access control", gw.guard.close()),
@@ -256,10 +322,22 @@ def create_app(settings: Settings, redis_url: str, *, embedded: bool = False) ->
         "GET": handlers.get_stream,
         "OPTIONS": handlers.options_stream,
     }
-    _add_routes(app, "/auth/sign", "sign", {"POST": handlers.sign_url, "OPTIONS": handlers.options_stream})
+    sign = {"POST": handlers.sign_url, "OPTIONS": handlers.options_stream}
+    _add_routes(app, "/auth/sign", "sign", sign, access=access)
     for path, handler in (("/healthz", healthz), ("/readyz", readyz), ("/metrics", metrics_page)):
         name = path.strip("/")
-        _add_routes(app, path, name, {"GET": handler, "HEAD": handler}, _admit_ops(name))
-    _add_routes(app, settings.prefix.rstrip("/") + "/{path:.*}", _stream_route, stream, Guard.admit_stream)
-    app.router.add_route("*", "/{anything:.*}", endpoint(_not_found, "other"))
+        _add_routes(app, path, name, {"GET": handler, "HEAD": handler}, _admit_ops(name), access=access)
+    streams = settings.prefix.rstrip("/") + "/{path:.*}"
+    _add_routes(app, streams, _stream_route, stream, Guard.admit_stream, storage=True, access=access)
+    app.router.add_route("*", "/{anything:.*}", endpoint(_not_found, "other", access=access))
     return app
+
+
+async def _keep_trying(preflight: Preflight, on_refusal: Callable[[str], None]) -> None:
+    """The start-up checks again, with backoff, until they pass or one refuses."""
+    try:
+        await preflight.wait()
+    except Exception as exc:  # a refusal (durability, key layout)
+        on_refusal(str(exc))
+        return
+    log.info("redis is ready: serving streams")

@@ -235,15 +235,20 @@ class _Jwt:
 _TOKEN = re.compile(r"\A[\x21-\x7e]{1,8192}\Z")  # a token is visible ASCII (RFC 6750 asks even less)
 
 
-def client_address(request: web.Request, proxy_hops: int) -> str:
+def client_ip(request: web.Request, proxy_hops: int) -> str:
     """The client's IP: the peer, or with ``proxy_hops`` trusted proxies in front, the
     address the outermost of them saw (X-Forwarded-For, counted from the right)."""
     if proxy_hops:
         hops = [h.strip() for h in ",".join(request.headers.getall("X-Forwarded-For", [])).split(",")]
         hops = [h for h in hops if h]
         if len(hops) >= proxy_hops:
-            return _network(hops[-proxy_hops])
-    return _network(request.remote or "unknown")
+            return hops[-proxy_hops]
+    return request.remote or "unknown"
+
+
+def client_address(request: web.Request, proxy_hops: int) -> str:
+    """Who an anonymous client is counted as: its IP (``client_ip``), an IPv6 one as its /64."""
+    return _network(client_ip(request, proxy_hops))
 
 
 def _network(address: str) -> str:

@@ -8,6 +8,7 @@ from aiohttp import web
 
 from ..config import Settings
 from ..storage.fanout import Fanout
+from ..storage.preflight import Preflight
 from ..storage.store import Store
 from .bodies import BodyBudget
 from .guard import Guard
@@ -20,6 +21,7 @@ class Gateway:
     fanout: Fanout
     bodies: BodyBudget
     guard: Guard
+    preflight: Preflight  # ready: Redis passed the start-up checks (until then stream requests get 503)
 
 
 GATEWAY = web.AppKey("gateway", Gateway)

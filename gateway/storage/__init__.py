@@ -8,5 +8,7 @@ releases forks, ``outcomes.py`` turns script answers and Redis failures into
 protocol errors. ``limits.py`` holds the bounds on what one request makes Redis
 do. ``fanout.py`` wakes live readers from pub/sub (``channels.py``: what a
 notice does for a channel's readers); ``hints.py`` tells archive workers which
-streams grew; ``durability.py`` checks Redis' persistence.
+streams grew; ``durability.py`` checks Redis' persistence and eviction policy,
+``layout.py`` the version of the key layout, and ``preflight.py`` runs those
+checks at start, waiting (with backoff) for a Redis that is not there yet.
 """

@@ -43,6 +43,7 @@ from redis.retry import Retry
 
 from ..protocol import notices
 from ..telemetry import metrics
+from ..telemetry.logs import RateLimited
 from . import keys
 from .channels import Channel, Watch
 
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
     from redis.asyncio.connection import AbstractConnection
 
 log = logging.getLogger(__name__)
+limited = RateLimited(log, every=30.0)
 _CONFIRM_WAIT_SECONDS = 5.0
 _MAX_BATCH = 512
 _SUBSCRIBE_BATCH = 1000  # channels per SUBSCRIBE / UNSUBSCRIBE command
@@ -272,8 +274,9 @@ class Fanout:
                 with contextlib.suppress(Exception):
                     await connection.disconnect(nowait=True)
                 raise
-            except Exception as exc:
-                log.warning("pub/sub connection lost (%r); reconnecting in %.1fs", exc, backoff)
+            except Exception as exc:  # rate-limited: Redis away for long is not a line a second
+                message = "pub/sub connection lost (%r); reconnecting in %.1fs"
+                limited.log(logging.WARNING, "lost", message, exc, backoff)
             with contextlib.suppress(Exception):
                 await connection.disconnect(nowait=True)
             loop = asyncio.get_running_loop()

@@ -78,6 +78,10 @@ ARCHIVE_HINTS = f"{PREFIX}:archive:hints"
 # send hints only while it exists, so hints never pile up with no worker to take them.
 ARCHIVE_WORKER_ALIVE = f"{PREFIX}:archive:alive"
 ARCHIVE_RECONCILE = f"{PREFIX}:archive:reconcile"  # who scans for lost hints and dead archives, when
+# The key layout's version, an integer (storage/layout.py): set once, by the first process
+# to start on a Redis without it, and raised only by `durable-streams migrate`.
+LAYOUT = f"{PREFIX}:layout"
+LAYOUT_LOCK = f"{PREFIX}:layout:lock"  # held (with an expiry) while `migrate` runs its steps
 
 
 def split_segments_key(key: str) -> tuple[str, str]:

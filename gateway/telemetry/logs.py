@@ -1,14 +1,77 @@
-"""Logging that a flood of bad requests or an outage cannot turn into a flood of lines.
+"""Logging: where lines go and how they look (``--log-format text|json``), and
+logging that a flood of bad requests or an outage cannot turn into a flood of lines.
 
-The standard library has no rate limit for log records; this is the smallest
-one that serves: a message (by key) is written at most once per interval, and
-the next line says how many were held back meanwhile.
+The standard library has no rate limit for log records; ``RateLimited`` is the
+smallest one that serves: a message (by key) is written at most once per
+interval, and the next line says how many were held back meanwhile.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 import time
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+# What every LogRecord has: anything else on a record came as ``extra`` and is a field of its own.
+_STANDARD = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime", "taskName"}
+
+
+class OneLineError(RuntimeError):
+    """An error whose message says everything (a refusal to start, say): logged as one
+    line, never with a traceback, and printed as one line by the command line."""
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ts (UTC, ISO 8601), level, logger, message, the
+    record's extra fields, and exc (a traceback) when there is one."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds")[:-6] + "Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for name, value in record.__dict__.items():
+            if name not in _STANDARD and not name.startswith("_") and name not in out:
+                out[name] = value
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            out["exc"] = record.exc_text
+        return orjson.dumps(out, default=str).decode()
+
+
+def configure(level: str, fmt: str = "text") -> None:
+    """The root logger writes to stderr in ``fmt`` (text or json) from ``level`` up.
+    Called once per command; again (gunicorn's hooks) it replaces, not adds."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+
+
+class OneLine(logging.Filter):
+    """A record about a ``OneLineError`` loses its traceback and says the error instead
+    (gunicorn logs a worker that fails to start with its traceback)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, OneLineError):
+            record.msg, record.args = f"{record.getMessage()}: {exc}", ()
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+ONE_LINE = OneLine()
 
 
 class RateLimited:

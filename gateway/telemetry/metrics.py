@@ -6,6 +6,13 @@ Helm chart) each process writes its values to files there and a scrape of any
 worker adds them up (prometheus-client's multiprocess mode). Gauges say how
 processes combine (``livesum``: the sum over running processes).
 
+Multiprocess mode has no ``process_*`` metrics of its own: ``WorkerProcesses``
+reads them from /proc for every live worker at scrape time, labelled
+``worker="<slot>"``. The slot is a gunicorn worker's index (0 to N-1, handed out
+by gateway/cli/gunicorn_conf.py, a replacement worker taking the slot of the one
+it replaces), not its pid: the label's values stay N however often workers are
+restarted, where pids would add a series per restart.
+
 Import this module only after that variable is set: prometheus-client reads
 it once, at import.
 """
@@ -13,8 +20,12 @@ it once, at import.
 from __future__ import annotations
 
 import os
+import platform
+import re
+from collections.abc import Callable, Iterable
 from typing import Any
 
+import redis
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     REGISTRY,
@@ -25,6 +36,11 @@ from prometheus_client import (
     generate_latest,
     multiprocess,
 )
+from prometheus_client.metrics_core import Metric
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector
+
+from .. import __version__
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 _FAST = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -50,18 +66,118 @@ REDIS_SECONDS = Histogram(
 )
 REDIS_ERRORS = Counter("ds_redis_errors_total", "Failed script calls", ["script", "error"])
 
-# The archive worker's.
-ARCHIVED_BYTES = Counter("ds_archive_bytes_total", "Bytes moved from Redis to Parquet", ["worker"])
-ARCHIVE_FILES = Counter("ds_archive_files_total", "Parquet files written", ["worker"])
+# The archive worker's. No label per worker: a worker's name (host:pid) is new after
+# every restart, so it made a new series each time; the pod's own labels tell pods apart.
+ARCHIVED_BYTES = Counter("ds_archive_bytes_total", "Bytes moved from Redis to Parquet by this worker")
+ARCHIVE_FILES = Counter("ds_archive_files_total", "Parquet files written by this worker")
+# Read from Redis: every worker reports the same cluster-wide number, so sum() over
+# workers would multiply it by their count; aggregate with max().
 ARCHIVE_DUE = Gauge(
-    "ds_archive_due_streams", "Streams waiting for a worker", ["worker"], multiprocess_mode="max"
+    "ds_archive_due_streams",
+    "Streams waiting for a worker, cluster-wide (every worker reports the same number: "
+    "aggregate with max(), not sum())",
+    multiprocess_mode="mostrecent",
 )
 ARCHIVE_LAG = Gauge(
     "ds_archive_lag_seconds",
-    "How long the longest-waiting stream has waited for a worker",
-    ["worker"],
+    "How long the longest-waiting stream has waited for a worker, cluster-wide (every worker "
+    "reports the same number: aggregate with max(), not sum())",
+    multiprocess_mode="mostrecent",
+)
+
+# 1 per process group (a pod): "max" over its processes, so sum() over pods counts the
+# pods running each build, however many workers each has.
+BUILD_INFO = Gauge(
+    "ds_build_info",
+    "This server's build: always 1 (sum() counts the pods running each version)",
+    ["version", "python", "redis_py"],
     multiprocess_mode="max",
 )
+
+
+def publish_build_info() -> None:
+    """Set ds_build_info in this process (after a fork too: each process writes its own file)."""
+    BUILD_INFO.labels(__version__, platform.python_version(), redis.__version__).set(1)
+
+
+# -- process metrics of gunicorn's workers ------------------------------------------
+
+_WORKER_FILE = re.compile(r"worker-(\d+)\.pid")
+
+
+def register_worker(slot: int) -> None:
+    """Record that this process is the worker in ``slot`` (a gunicorn hook calls it after
+    the fork), for ``WorkerProcesses`` in whichever worker answers a scrape."""
+    folder = os.environ.get(MULTIPROC_ENV)
+    if not folder:
+        return
+    path = os.path.join(folder, f"worker-{slot}.pid")
+    with open(path + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(path + ".tmp", path)  # whole or not at all: a scrape may read it now
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _constant(pid: int) -> Callable[[], int]:
+    return lambda: pid
+
+
+class WorkerProcesses(Collector):
+    """process_* of every live worker, labelled with its slot; read from /proc when scraped."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+        self._collectors: dict[int, ProcessCollector] = {}
+
+    def workers(self) -> dict[str, int]:
+        """Slot -> pid of the live workers: a slot's file names the process that holds it
+        now, a sibling of this one (same parent: a pid reused by an unrelated process is
+        not taken for a dead worker's). Alone (no gunicorn), this process is slot 0."""
+        found: dict[str, int] = {}
+        try:
+            names = os.listdir(self.folder)
+        except OSError:
+            names = []
+        me, parent = os.getpid(), os.getppid()
+        for name in names:
+            m = _WORKER_FILE.fullmatch(name)
+            if m is None:
+                continue
+            try:
+                with open(os.path.join(self.folder, name)) as f:
+                    pid = int(f.read().strip())
+            except (OSError, ValueError):
+                continue
+            if pid == me or _parent(pid) == parent:
+                found[m.group(1)] = pid
+        return found or {"0": me}
+
+    def collect(self) -> Iterable[Metric]:
+        families: dict[str, Metric] = {}
+        workers = self.workers()
+        for pid in set(self._collectors) - set(workers.values()):
+            del self._collectors[pid]  # a worker that is gone
+        for slot, pid in sorted(workers.items(), key=lambda item: int(item[0])):
+            collector = self._collectors.get(pid)
+            if collector is None:
+                collector = self._collectors[pid] = ProcessCollector(pid=_constant(pid), registry=None)
+            for family in collector.collect():
+                merged = families.get(family.name)
+                if merged is None:
+                    merged = families[family.name] = Metric(family.name, family.documentation, family.type)
+                for sample in family.samples:
+                    merged.add_sample(sample.name, {**sample.labels, "worker": slot}, sample.value)
+        return list(families.values())
+
+
+_worker_processes: WorkerProcesses | None = None
 
 
 _children: dict[tuple, Any] = {}
@@ -95,8 +211,13 @@ def observe_request(route: str, method: str, status: int, seconds: float) -> Non
 
 def render() -> tuple[bytes, str]:
     """The exposition text of this process, or of all processes in multiprocess mode."""
-    if os.environ.get(MULTIPROC_ENV):
+    global _worker_processes
+    folder = os.environ.get(MULTIPROC_ENV)
+    if folder:
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
+        if _worker_processes is None or _worker_processes.folder != folder:
+            _worker_processes = WorkerProcesses(folder)
+        registry.register(_worker_processes)
         return generate_latest(registry), CONTENT_TYPE_LATEST
     return generate_latest(REGISTRY), CONTENT_TYPE_LATEST

@@ -1,0 +1,60 @@
+"""``durable-streams migrate``: bring the key layout in Redis up to this build's.
+
+Gateways and workers refuse to start on a layout older than theirs (and on a
+newer one); this runs the steps between, one at a time under a lock
+(gateway/storage/layout.py). Today there are none: it reports that layout v1
+is current (and stamps a Redis that has no version yet).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from .. import config
+from ..storage import layout
+from ..storage.preflight import reason
+from .embedded import EmbeddedRedis
+
+SETTINGS = ("redis_url", "data_dir", "redis_timeout", "log_level", "log_format")
+
+
+def register(commands: argparse._SubParsersAction[Any]) -> None:
+    parser = commands.add_parser(
+        "migrate",
+        help="upgrade the key layout in Redis to this build's",
+        description="Run the steps from the key layout Redis holds to the one this build uses, under a "
+        "lock, and report each; `layout vN is current` when there is nothing to do. Without "
+        "--redis-url it uses the embedded Redis of a `durable-streams serve` on the same --data-dir.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    config.add_arguments(parser, SETTINGS)
+    parser.set_defaults(run=run)
+
+
+def run(settings: config.Settings) -> None:
+    redis_url = settings.redis_url
+    if not redis_url:
+        embedded = EmbeddedRedis(settings.data_dir, binary="redis-server")
+        if not embedded.socket.exists():
+            raise RuntimeError(
+                "no Redis: give --redis-url, or start `durable-streams serve` "
+                f"with --data-dir {settings.data_dir}"
+            )
+        redis_url = embedded.url
+    asyncio.run(_migrate(redis_url, settings.redis_timeout))
+
+
+async def _migrate(url: str, timeout: float) -> None:
+    client = aioredis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+    try:
+        await layout.migrate(client, lambda line: print(line, flush=True))
+    except layout.Mismatch:
+        raise
+    except Exception as exc:  # unreachable, refused, ...: one line, exit code 1
+        raise RuntimeError(f"migrate: redis: {reason(exc)}") from None
+    finally:
+        await client.aclose()

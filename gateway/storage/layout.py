@@ -1,0 +1,178 @@
+"""The version of the key layout in Redis, and the steps from one to the next.
+
+``keys.LAYOUT`` holds an integer: which key names and value formats the data in
+this Redis uses (1: today's, ``keys.py``). A build knows the layouts up to
+``CURRENT``; at start every gateway and worker reads the version (``check``):
+
+* none yet: the first process sets it (SET NX, so concurrent starts agree):
+  ``CURRENT`` on an empty Redis, ``PRE_VERSIONING`` (1) when our keys are there
+  already (an install from before the marker existed);
+* equal: go on;
+* higher: the data was migrated by a newer build: refuse to start (an old build
+  would misread it), the gateways and workers must be upgraded;
+* lower: refuse to start until ``durable-streams migrate`` (``migrate`` below)
+  has brought the data up: a new build must not read or write an old layout.
+
+A layout change ships as a step in ``STEPS`` (``STEPS[v]`` turns layout v into
+v + 1) and a higher ``CURRENT``. ``migrate`` runs the steps in order under a
+lock (one migration at a time) and raises the version after each, so an
+interrupted migration resumes at the step it was in: each step must be safe
+to run again. Today there are none.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+
+from redis.asyncio import Redis
+from redis.exceptions import WatchError
+
+from ..telemetry.logs import OneLineError
+from . import keys
+
+CURRENT = 1  # the newest layout this build reads and writes
+PRE_VERSIONING = 1  # the layout of data written before the marker existed
+LOCK_SECONDS = 60.0  # the migration lock's expiry, renewed every third of it while steps run
+
+Step = Callable[[Redis], Awaitable[None]]
+# STEPS[v]: turns layout v into v + 1 (its docstring says what, for migrate's output).
+STEPS: dict[int, Step] = {}
+
+
+class Mismatch(OneLineError):
+    """Redis holds a layout this build must not use: do not start."""
+
+
+def _version(raw: bytes | str) -> int:
+    text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+    try:
+        version = int(text)
+    except ValueError:
+        version = 0
+    if version < 1:
+        raise Mismatch(f"{keys.LAYOUT} holds {text!r}, not a key layout version (a whole number from 1)")
+    return version
+
+
+async def _has_our_keys(redis: Redis) -> bool:
+    """Whether any key of ours is there (SCAN: stops at the first one found)."""
+    async for key in redis.scan_iter(match=f"{keys.PREFIX}:*", count=1000):
+        name = key.decode() if isinstance(key, bytes) else key
+        if name not in (keys.LAYOUT, keys.LAYOUT_LOCK):
+            return True
+    return False
+
+
+async def stamp(redis: Redis, current: int = CURRENT) -> int:
+    """The layout version Redis holds, first set if there is none."""
+    raw = await redis.get(keys.LAYOUT)
+    if raw is None:
+        initial = PRE_VERSIONING if await _has_our_keys(redis) else current
+        await redis.set(keys.LAYOUT, initial, nx=True)  # a concurrent start may have set it first
+        raw = await redis.get(keys.LAYOUT)
+        if raw is None:  # deleted in between (someone is resetting this Redis): try at the next start
+            return initial
+    return _version(raw)
+
+
+def verdict(found: int, current: int = CURRENT) -> str | None:
+    """None when a build that knows layouts up to ``current`` may use layout ``found``."""
+    if found > current:
+        return (
+            f"Redis holds key layout v{found}; this build understands up to v{current}: "
+            "upgrade the gateways/workers"
+        )
+    if found < current:
+        return (
+            f"Redis holds key layout v{found}; this build needs v{current}: run "
+            "`durable-streams migrate` (of this build) first"
+        )
+    return None
+
+
+async def check(redis: Redis, current: int = CURRENT) -> int:
+    """At start: the version Redis holds (stamped if new); Mismatch unless it is ``current``."""
+    found = await stamp(redis, current)
+    problem = verdict(found, current)
+    if problem is not None:
+        raise Mismatch(problem)
+    return found
+
+
+async def migrate(
+    redis: Redis,
+    say: Callable[[str], None],
+    *,
+    current: int = CURRENT,
+    steps: Mapping[int, Step] = STEPS,
+    lock_seconds: float = LOCK_SECONDS,
+) -> int:
+    """Bring the layout up to ``current``, one step at a time, under the lock; ``say``
+    reports each step. Returns the version now held. Mismatch if Redis holds a newer
+    layout, if a step is missing, or if another migration holds the lock."""
+    found = await stamp(redis, current)
+    if found > current:
+        raise Mismatch(verdict(found, current) or "")
+    if found == current:
+        say(f"layout v{current} is current")
+        return found
+    token = uuid.uuid4().hex
+    if not await redis.set(keys.LAYOUT_LOCK, token, nx=True, px=int(lock_seconds * 1000)):
+        raise Mismatch(f"another migration is running ({keys.LAYOUT_LOCK} is held); try again later")
+    renewal = asyncio.create_task(_renew(redis, token, lock_seconds))
+    try:
+        while found < current:
+            step = steps.get(found)
+            if step is None:
+                raise Mismatch(f"this build has no step from layout v{found} to v{found + 1}")
+            say(f"layout v{found} -> v{found + 1}: {(step.__doc__ or step.__name__).strip().splitlines()[0]}")
+            await step(redis)
+            found = await _raise_version(redis, token, found + 1)
+    finally:
+        renewal.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await renewal
+        await _release(redis, token)
+    say(f"layout v{found} is current")
+    return found
+
+
+async def _raise_version(redis: Redis, token: str, version: int) -> int:
+    """Set the version, only while the lock is still ours (a stalled migration whose lock
+    expired must not overwrite the work of the one that took over)."""
+    async with redis.pipeline(transaction=True) as pipe:
+        try:
+            await pipe.watch(keys.LAYOUT_LOCK)
+            held = await pipe.get(keys.LAYOUT_LOCK)
+            if (held.decode() if isinstance(held, bytes) else held) != token:
+                raise Mismatch("the migration lock expired during a step; run the migration again")
+            pipe.multi()
+            pipe.set(keys.LAYOUT, version)
+            await pipe.execute()
+        except WatchError:
+            raise Mismatch("the migration lock changed hands during a step; run it again") from None
+    return version
+
+
+async def _renew(redis: Redis, token: str, seconds: float) -> None:
+    while True:
+        await asyncio.sleep(seconds / 3)
+        with contextlib.suppress(Exception):  # a failed renewal shows when the version is raised
+            held = await redis.get(keys.LAYOUT_LOCK)
+            if (held.decode() if isinstance(held, bytes) else held) == token:
+                await redis.pexpire(keys.LAYOUT_LOCK, int(seconds * 1000))
+
+
+async def _release(redis: Redis, token: str) -> None:
+    """Delete the lock if it is still ours."""
+    with contextlib.suppress(Exception):  # it expires anyway
+        async with redis.pipeline(transaction=True) as pipe:
+            await pipe.watch(keys.LAYOUT_LOCK)
+            held = await pipe.get(keys.LAYOUT_LOCK)
+            if (held.decode() if isinstance(held, bytes) else held) == token:
+                pipe.multi()
+                pipe.delete(keys.LAYOUT_LOCK)
+                await pipe.execute()

@@ -1,0 +1,101 @@
+"""Bad settings, from flags or the environment: one line on stderr naming the flag,
+the variable and the value, exit code 2, never a traceback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import fields
+
+import pytest
+
+from gateway import config
+from gateway.cli.main import build_parser
+
+
+def _run(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("DURABLE_STREAMS_") and k != "REDIS_URL"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "gateway", *args],
+        env={**clean, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+# (command line, environment, the flag named, the value shown)
+CASES = [
+    (["serve"], {"DURABLE_STREAMS_MAX_BODY_BYTES": "lots"}, "--max-body-bytes", "'lots'"),
+    (["serve"], {"DURABLE_STREAMS_BODY_TIMEOUT": "soon"}, "--body-timeout", "'soon'"),
+    (["serve"], {"DURABLE_STREAMS_LONG_POLL_TIMEOUT": "nan"}, "--long-poll-timeout", "'nan'"),
+    (["serve"], {"DURABLE_STREAMS_REQUIRE_DURABLE": "maybe"}, "--require-durable", "'maybe'"),
+    (["serve"], {"DURABLE_STREAMS_LOG_LEVEL": "loud"}, "--log-level", "'loud'"),
+    (["serve"], {"DURABLE_STREAMS_LOG_FORMAT": "xml"}, "--log-format", "'xml'"),
+    (["serve"], {"DURABLE_STREAMS_PORT": "70000"}, "--port", "'70000'"),
+    (["serve"], {"DURABLE_STREAMS_ADMIN_PORT": "-1"}, "--admin-port", "'-1'"),
+    (["serve"], {"DURABLE_STREAMS_RATE_LIMITS": "write:=lots"}, "--rate-limits", "'write:=lots'"),
+    (["serve"], {"DURABLE_STREAMS_AUTH_ANONYMOUS": "sing:public/"}, "--auth-anonymous", "'sing:public/'"),
+    (["serve"], {"DURABLE_STREAMS_PREFIX": "v1"}, "--prefix", "'v1'"),
+    (["serve", "--max-body-bytes", "lots"], {}, "--max-body-bytes", "'lots'"),
+    (["serve", "--workers", "0"], {}, "--workers", "'0'"),
+    (["serve", "--sse-heartbeat-seconds", "-1"], {}, "--sse-heartbeat-seconds", "'-1'"),
+    (["serve", "--port", "http"], {}, "--port", "'http'"),
+    (["serve", "--rate-limits", "read:chat/=5/fortnight"], {}, "--rate-limits", "'read:chat/=5/fortnight'"),
+    (["serve", "--log-format", "yaml"], {}, "--log-format", "'yaml'"),
+    (["archive"], {"DURABLE_STREAMS_ARCHIVE_STALL_SECONDS": "0"}, "--archive-stall-seconds", "'0'"),
+    (["archive", "--metrics-port", "99999"], {}, "--metrics-port", "'99999'"),
+    (["archive"], {"DURABLE_STREAMS_ARCHIVE_HOT_BYTES": "1MB"}, "--archive-hot-bytes", "'1MB'"),
+    (["migrate", "--redis-timeout", "x"], {}, "--redis-timeout", "'x'"),
+]
+
+
+def test_bad_values_are_one_line_and_exit_code_2() -> None:
+    procs = [_run(args, env) for args, env, _, _ in CASES]  # all at once: each is a Python start-up
+    for (args, env, flag, shown), proc in zip(CASES, procs, strict=True):
+        out, err = proc.communicate(timeout=60)
+        case = f"{args} {env}: {err!r}"
+        assert proc.returncode == 2, case
+        assert out == "" and err.count("\n") == 1 and "Traceback" not in err, case
+        variable = config.env_name(flag[2:].replace("-", "_"))
+        assert flag in err and variable in err and shown in err, case
+
+
+def test_a_redis_url_password_is_not_shown() -> None:
+    proc = _run(["serve"], {"DURABLE_STREAMS_REDIS_URL": "http://app:hunter2@redis:6379/0"})
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and err.count("\n") == 1, err
+    assert "hunter2" not in err and "--redis-url" in err and "DURABLE_STREAMS_REDIS_URL" in err, err
+
+
+def test_a_flag_wins_over_a_bad_variable_and_good_spellings_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DURABLE_STREAMS_MAX_BODY_BYTES", "lots")
+    monkeypatch.setenv("DURABLE_STREAMS_REQUIRE_DURABLE", "Off")
+    monkeypatch.setenv("DURABLE_STREAMS_LOG_LEVEL", "WARNING")
+    monkeypatch.setenv("DURABLE_STREAMS_ARCHIVE_CACHE_BYTES", "1_000")
+    args = build_parser().parse_args(["serve", "--max-body-bytes", "10"])
+    settings = config.from_namespace(args)
+    assert settings.max_body_bytes == 10 and settings.require_durable is False
+    assert settings.log_level == "warning" and settings.archive_cache_bytes == 1000
+
+
+def _bad_value(kind: str) -> str:
+    return {"int": "1.5", "float": "quickly", "bool": "perhaps"}[kind]
+
+
+@pytest.mark.parametrize(
+    "name", [f.name for f in fields(config.Settings) if str(f.type) in ("int", "float", "bool")]
+)
+def test_every_typed_setting_is_checked(
+    name: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """In-process, every int, float and bool setting, from the environment."""
+    kind = str(next(f.type for f in fields(config.Settings) if f.name == name))
+    monkeypatch.setenv(config.env_name(name), _bad_value(kind))
+    with pytest.raises(SystemExit) as exit_info:
+        config.from_env()
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert config.flag_name(name) in err and config.env_name(name) in err and repr(_bad_value(kind)) in err
