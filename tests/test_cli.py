@@ -198,3 +198,18 @@ async def test_two_gateway_processes_serve_one_stream(tmp_path, redis_url: str) 
         for proc in (a, b):
             proc.send_signal(signal.SIGTERM)
             proc.wait(20)
+
+
+def test_serve_takes_the_hard_open_files_limit() -> None:
+    """SSE clients each hold a descriptor: a soft limit of 1024 (containerd 2's default)
+    would refuse clients far below --max-live-connections."""
+    import resource
+
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    script = (
+        "import resource; from gateway.cli import main; main.raise_fd_limit(); "
+        "print(resource.getrlimit(resource.RLIMIT_NOFILE)[0])"
+    )
+    lowered = f"import resource; resource.setrlimit(resource.RLIMIT_NOFILE, (256, {hard})); "
+    out = subprocess.run([sys.executable, "-c", lowered + script], capture_output=True, text=True, check=True)
+    assert int(out.stdout) == hard

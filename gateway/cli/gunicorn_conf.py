@@ -7,8 +7,9 @@ Run gunicorn directly with an external Redis:
 
 Sizing: one worker per core is the usual start; each worker holds one pub/sub
 connection and a small Redis pool, and serves thousands of idle SSE/long-poll
-connections. Each connection is a file descriptor: raise ``ulimit -n`` to
-(expected connections per worker x 1.2) or more.
+connections. Each connection is a file descriptor: ``serve`` raises its soft
+``ulimit -n`` to the hard one (containerd 2 gives containers a soft 1024); run
+directly, raise it yourself to (expected connections per worker x 1.2) or more.
 
 Metrics: set ``PROMETHEUS_MULTIPROC_DIR`` to an empty, writable directory so
 ``/metrics`` on any worker reports all workers (see gateway/telemetry/metrics.py).
@@ -44,6 +45,9 @@ timeout = 60  # a worker silent this long is restarted
 keepalive = math.ceil(_settings.keepalive_seconds)
 loglevel = _settings.log_level
 accesslog = None  # the gateway writes its own (--access-log): with redacted signatures
+# gunicorn 25+ opens a control socket under $XDG_RUNTIME_DIR or $HOME/.gunicorn: nothing here
+# uses it (signals do), and in a container $HOME is often read-only or absent.
+control_socket_disable = True
 
 
 class Logs(glogging.Logger):

@@ -69,8 +69,25 @@ def install_uvloop() -> None:
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
+def raise_fd_limit() -> None:
+    """Every SSE or long-poll client holds a file descriptor: take the hard limit, not a
+    soft 1024 (containerd 2 and many distributions' defaults), which would refuse clients
+    long before --max-live-connections."""
+    try:
+        import resource
+    except ImportError:  # not on Windows
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError) as error:  # e.g. macOS' RLIM_INFINITY: keep what we have
+            logging.getLogger("durable_streams").debug("open files limit stays %s: %s", soft, error)
+
+
 def serve(settings: config.Settings) -> None:
     log = logging.getLogger("durable_streams")
+    raise_fd_limit()  # before gunicorn forks: workers inherit it
     supervisor = None
     redis_url = settings.redis_url
     if not redis_url:
