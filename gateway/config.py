@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import NoReturn
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 ENV_PREFIX = "DURABLE_STREAMS_"
 
@@ -291,6 +291,12 @@ def _one_of(*choices: str) -> Callable[[str], str]:
     return parse
 
 
+def _log_level(raw: str) -> str:
+    """One of LOG_LEVELS; logging's other spellings (warn, critical) are taken too."""
+    word = raw.strip().lower()
+    return _one_of(*LOG_LEVELS)({"warn": "warning", "critical": "error", "fatal": "error"}.get(word, word))
+
+
 def _redis_url(raw: str) -> str:
     scheme = urlsplit(raw.strip()).scheme
     if scheme not in REDIS_SCHEMES:
@@ -306,14 +312,12 @@ def _url_prefix(raw: str) -> str:
 
 def shown(name: str, raw: str) -> str:
     """A value as an error message may show it: a URL's password is not shown."""
-    if name == "redis_url":
-        try:
-            parts = urlsplit(raw)
-            if parts.password:
-                netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-                return repr(urlunsplit(parts._replace(netloc=netloc)))
-        except ValueError:
-            return "(not shown)"
+    if name == "redis_url" and "@" in raw:
+        # Whatever precedes the last "@" may be credentials, however malformed the URL
+        # (a mistyped scheme leaves urlsplit no password to find).
+        scheme, sep, rest = raw.partition("://")
+        host = rest.rpartition("@")[2] if sep else raw.rpartition("@")[2]
+        return repr(f"{scheme}{sep}***@{host}" if sep else f"***@{host}")
     return repr(raw)
 
 
@@ -325,7 +329,7 @@ PARSERS: dict[str, Parse] = {
     "metrics_port": _whole(0, 65535),
     "redis_url": _redis_url,
     "prefix": _url_prefix,
-    "log_level": _one_of(*LOG_LEVELS),
+    "log_level": _log_level,
     "log_format": _one_of(*LOG_FORMATS),
     "workers": _whole(1),
     "redis_max_connections": _whole(1),
@@ -381,9 +385,10 @@ def _parser(name: str, type_name: str, check: Callable[[str], object] | None) ->
 
 def _env_default(name: str, default: object) -> object:
     """The environment's value, as a string for argparse to parse (or the field's default)."""
-    raw = os.environ.get(env_name(name))
+    # A blank variable is an unset one (compose files write `X: ${X:-}`): the default.
+    raw = os.environ.get(env_name(name), "").strip() or None
     if raw is None and name == "redis_url":
-        raw = os.environ.get("REDIS_URL") or None
+        raw = os.environ.get("REDIS_URL", "").strip() or None
     return default if raw is None else raw
 
 

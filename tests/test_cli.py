@@ -25,7 +25,7 @@ def test_help_lists_every_setting() -> None:
     assert "DURABLE_STREAMS_REDIS_URL" in out.stdout
 
 
-def _serve(tmp_path, *args: str) -> tuple[subprocess.Popen, int]:
+def _serve(tmp_path, *args: str, **extra_env: str) -> tuple[subprocess.Popen, int]:
     """``durable-streams serve`` with an embedded Redis, as a user starts it."""
     try:
         find_redis_server()
@@ -33,6 +33,7 @@ def _serve(tmp_path, *args: str) -> tuple[subprocess.Popen, int]:
         pytest.skip("no redis-server binary")
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DURABLE_STREAMS_REDIS_URL")}
+    env.update(extra_env)
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -72,8 +73,14 @@ def test_serve_with_embedded_redis(tmp_path) -> None:
 
 
 def test_workers_share_one_port(tmp_path) -> None:
-    proc, port = _serve(tmp_path, "--workers", "2")
+    """Also: a flag wins over a bad variable under gunicorn too, and gunicorn writes nothing
+    under $HOME (its control socket is off: read-only in containers)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    proc, port = _serve(tmp_path, "--workers", "2", HOME=str(home), XDG_RUNTIME_DIR="",
+                        DURABLE_STREAMS_PORT="not-a-port")  # fmt: skip
     try:
+        assert not list(home.iterdir()), "gunicorn wrote under $HOME"
         workers: list[str] = []
         for _ in range(100):  # the first worker may answer before the second has booted
             children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True)

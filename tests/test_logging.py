@@ -137,3 +137,17 @@ def test_archive_worker_logs_json(tmp_path: Path) -> None:
 )
 def test_redacted_target(path: str, query: str, logged: str) -> None:
     assert redacted_target(path, query) == logged
+
+
+def test_json_lines_survive_awkward_extra_fields() -> None:
+    """orjson refuses non-string keys and ints beyond 64 bits: the line must still be written."""
+    import logging
+
+    import orjson
+
+    from gateway.telemetry.logs import JsonFormatter
+
+    record = logging.LogRecord("x", logging.INFO, "f", 1, "hi", (), None)
+    record.mapping, record.big = {1: 2}, 2**70
+    line = orjson.loads(JsonFormatter().format(record))
+    assert line["message"] == "hi" and "1180591620717411303424" in str(line["big"])

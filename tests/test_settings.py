@@ -99,3 +99,26 @@ def test_every_typed_setting_is_checked(
     err = capsys.readouterr().err
     assert err.count("\n") == 1, err
     assert config.flag_name(name) in err and config.env_name(name) in err and repr(_bad_value(kind)) in err
+
+
+def test_blank_variables_are_unset_and_logging_spellings_are_taken(monkeypatch) -> None:
+    """Compose files write `X: ${X:-}`; `warn` and `critical` are logging's own words."""
+    from gateway import config
+
+    monkeypatch.setenv("DURABLE_STREAMS_REDIS_URL", "")
+    monkeypatch.setenv("DURABLE_STREAMS_PREFIX", " ")
+    monkeypatch.setenv("DURABLE_STREAMS_ARCHIVE_HINTS", "")
+    monkeypatch.setenv("DURABLE_STREAMS_LOG_LEVEL", "WARN")
+    settings = config.from_env()
+    assert settings.redis_url is None and settings.prefix == config.Settings.prefix
+    assert settings.archive_hints == config.Settings.archive_hints and settings.log_level == "warning"
+    monkeypatch.setenv("DURABLE_STREAMS_LOG_LEVEL", "critical")
+    assert config.from_env().log_level == "error"
+
+
+def test_a_redis_password_never_reaches_the_error_line() -> None:
+    from gateway.config import shown
+
+    for url in ("redis://default:hunter2@h:6379/0", "redis//default:hunter2@h:6379",
+                "default:hunter2@h:6379", "rediss://:hunter2@x@h:1/0"):  # fmt: skip
+        assert "hunter2" not in shown("redis_url", url), url

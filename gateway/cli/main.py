@@ -140,10 +140,10 @@ def _admin_socket(settings: config.Settings) -> socket.socket | None:
 
 
 def _run_gunicorn(settings: config.Settings, redis_url: str, embedded: bool = False) -> None:
-    """N worker processes on one port, configured by ``gateway/cli/gunicorn_conf.py``."""
+    """N worker processes on one port, with ``gateway/cli/gunicorn_hooks.py`` and these settings."""
     from gunicorn.app.base import BaseApplication
 
-    from . import gunicorn_conf
+    from . import gunicorn_hooks
 
     # Workers' metrics add up through files here (gateway/telemetry/metrics.py); set before
     # anything imports prometheus-client, which reads it once.
@@ -161,9 +161,9 @@ def _run_gunicorn(settings: config.Settings, redis_url: str, embedded: bool = Fa
 
     class Gateway(BaseApplication):
         def load_config(self) -> None:
-            for name in ("worker_class", "graceful_timeout", "timeout", "keepalive", "accesslog",
-                         "logger_class", "on_starting", "pre_fork", "post_fork", "child_exit"):  # fmt: skip
-                self.cfg.set(name, getattr(gunicorn_conf, name))
+            for name in gunicorn_hooks.FIXED:
+                if name in self.cfg.settings:  # e.g. control_socket_disable: gunicorn 25+
+                    self.cfg.set(name, getattr(gunicorn_hooks, name))
             self.cfg.set("graceful_timeout", math.ceil(settings.shutdown_seconds))  # gunicorn: whole seconds
             self.cfg.set("keepalive", math.ceil(settings.keepalive_seconds))
             binds = [f"{settings.host}:{settings.port}"]

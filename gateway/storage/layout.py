@@ -57,20 +57,37 @@ def _version(raw: bytes | str) -> int:
     return version
 
 
+SCAN_PAGES = 100  # at most this many SCAN pages (of 1,000) look for keys of ours at start
+
+
 async def _has_our_keys(redis: Redis) -> bool:
-    """Whether any key of ours is there (SCAN: stops at the first one found)."""
-    async for key in redis.scan_iter(match=f"{keys.PREFIX}:*", count=1000):
-        name = key.decode() if isinstance(key, bytes) else key
-        if name not in (keys.LAYOUT, keys.LAYOUT_LOCK):
+    """Whether any key of ours is there. SCAN stops at the first one found, but on a Redis
+    shared with many keys of others it could walk them all at every start: after
+    SCAN_PAGES pages, say yes (the safe answer: at worst this build asks for `migrate`,
+    it never takes old data for new)."""
+    if not await redis.dbsize():
+        return False
+    cursor, pages = 0, 0
+    while True:
+        cursor, found = await redis.scan(cursor, match=f"{keys.PREFIX}:*", count=1000)
+        for key in found:
+            name = key.decode() if isinstance(key, bytes) else key
+            if name not in (keys.LAYOUT, keys.LAYOUT_LOCK):
+                return True
+        pages += 1
+        if not cursor:
+            return False
+        if pages >= SCAN_PAGES:
             return True
-    return False
 
 
 async def stamp(redis: Redis, current: int = CURRENT) -> int:
     """The layout version Redis holds, first set if there is none."""
     raw = await redis.get(keys.LAYOUT)
     if raw is None:
-        initial = PRE_VERSIONING if await _has_our_keys(redis) else current
+        # While the data of installs from before the marker is today's layout, nothing to look for.
+        old = current != PRE_VERSIONING and await _has_our_keys(redis)
+        initial = PRE_VERSIONING if old else current
         await redis.set(keys.LAYOUT, initial, nx=True)  # a concurrent start may have set it first
         raw = await redis.get(keys.LAYOUT)
         if raw is None:  # deleted in between (someone is resetting this Redis): try at the next start
@@ -124,6 +141,9 @@ async def migrate(
         raise Mismatch(f"another migration is running ({keys.LAYOUT_LOCK} is held); try again later")
     renewal = asyncio.create_task(_renew(redis, token, lock_seconds))
     try:
+        found = await stamp(redis, current)  # again, under the lock: another run may have moved it
+        if found > current:
+            raise Mismatch(verdict(found, current) or "")
         while found < current:
             step = steps.get(found)
             if step is None:
@@ -145,10 +165,12 @@ async def _raise_version(redis: Redis, token: str, version: int) -> int:
     expired must not overwrite the work of the one that took over)."""
     async with redis.pipeline(transaction=True) as pipe:
         try:
-            await pipe.watch(keys.LAYOUT_LOCK)
+            await pipe.watch(keys.LAYOUT_LOCK, keys.LAYOUT)
             held = await pipe.get(keys.LAYOUT_LOCK)
             if (held.decode() if isinstance(held, bytes) else held) != token:
                 raise Mismatch("the migration lock expired during a step; run the migration again")
+            if await pipe.get(keys.LAYOUT) not in (str(version - 1), str(version - 1).encode()):
+                raise Mismatch("the key layout changed under the migration; run it again")
             pipe.multi()
             pipe.set(keys.LAYOUT, version)
             await pipe.execute()

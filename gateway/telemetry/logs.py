@@ -44,7 +44,12 @@ class JsonFormatter(logging.Formatter):
             out["exc"] = self.formatException(record.exc_info)
         elif record.exc_text:
             out["exc"] = record.exc_text
-        return orjson.dumps(out, default=str).decode()
+        if record.stack_info:
+            out["stack"] = self.formatStack(record.stack_info)
+        try:
+            return orjson.dumps(out, default=str, option=orjson.OPT_NON_STR_KEYS).decode()
+        except TypeError:  # e.g. an int beyond 64 bits in an extra field: the line, not an error
+            return orjson.dumps({k: v if isinstance(v, str) else repr(v) for k, v in out.items()}).decode()
 
 
 def configure(level: str, fmt: str = "text") -> None:

@@ -9,7 +9,7 @@ processes combine (``livesum``: the sum over running processes).
 Multiprocess mode has no ``process_*`` metrics of its own: ``WorkerProcesses``
 reads them from /proc for every live worker at scrape time, labelled
 ``worker="<slot>"``. The slot is a gunicorn worker's index (0 to N-1, handed out
-by gateway/cli/gunicorn_conf.py, a replacement worker taking the slot of the one
+by gateway/cli/gunicorn_hooks.py, a replacement worker taking the slot of the one
 it replaces), not its pid: the label's values stay N however often workers are
 restarted, where pids would add a series per restart.
 
