@@ -162,9 +162,10 @@ HELP = {
     "archive_cache_bytes": "memory for archive files decoded for cold reads (per process)",
     "archive_hot_bytes": "newest bytes of each stream kept in Redis (0 allowed)",
     "archive_hot_seconds": "entries younger than this stay in Redis (0 allowed)",
-    "archive_min_bytes": "archive a stream once this much is past the hot window ...",
-    "archive_max_delay": "... or once its oldest such entry is this many seconds old",
-    "archive_file_bytes": "largest Parquet file; smaller ones of a stream and day are merged up to it",
+    "archive_min_bytes": "archive a stream once this much is past the hot window ... (also: a file "
+    "below this size is rewritten with the next piece of its stream and day; 0: never)",
+    "archive_max_delay": "... or once its oldest such entry has been past the hot window this many seconds",
+    "archive_file_bytes": "largest Parquet file",
     "archive_interval": "seconds between looks for work when idle",
     "archive_reconcile_seconds": "seconds between scans for streams with lost hints and for "
     "archives of deleted or expired streams (one worker scans at a time)",

@@ -36,8 +36,11 @@ from workers.archiver import Archiver, Policy
 
 from .conftest import free_port
 
-# Tiny row groups: cold reads cross row groups as well as files.
-HOT0 = Policy(hot_bytes=0, hot_ms=0, min_bytes=0, max_delay_ms=0, file_bytes=1 << 20, row_group_bytes=40)
+# Every round due at once (max delay 0); files below min_bytes are merged with the next
+# round (min_bytes 0 would merge nothing). Tiny row groups: cold reads cross row groups as well as files.
+HOT0 = Policy(
+    hot_bytes=0, hot_ms=0, min_bytes=1 << 20, max_delay_ms=0, file_bytes=1 << 20, row_group_bytes=40
+)
 READ_HEADERS = ("Stream-Next-Offset", "Stream-Up-To-Date", "Stream-Closed", "Content-Type", "ETag")
 
 

@@ -61,7 +61,7 @@ def test_healthz_fails_while_the_loop_is_stuck(tmp_path: Path) -> None:
         proc = subprocess.Popen(
             [sys.executable, "-m", "gateway", "archive", "--redis-url", server.url,
              "--archive-url", str(tmp_path / "archive"), "--metrics-port", str(metrics_port),
-             "--archive-interval", "0.2", "--archive-stall-seconds", "2"],
+             "--archive-interval", "0.2", "--archive-stall-seconds", "2", "--archive-lease-seconds", "2"],
             env=env, stderr=err,
         )  # fmt: skip
     health = f"http://127.0.0.1:{metrics_port}/healthz"
@@ -107,3 +107,19 @@ def test_heartbeat() -> None:
     assert beat.problem() is None
     now[0] = 181.0
     assert beat.problem() is not None
+
+
+def test_a_stall_limit_shorter_than_lease_renewals_is_refused(tmp_path) -> None:
+    """A long round beats only when it renews its lease (every third of the lease): a stall
+    limit below two renewals would restart healthy workers mid-file."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "gateway", "archive", "--redis-url", "redis://127.0.0.1:1/0",
+         "--archive-url", str(tmp_path), "--metrics-port", "19464", "--archive-lease-seconds", "600",
+         "--archive-stall-seconds", "120"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 1 and "--archive-stall-seconds (120) must exceed" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1

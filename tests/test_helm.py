@@ -390,6 +390,8 @@ def test_what_a_review_for_real_clusters_found() -> None:
     # a budget that forbids every drain is refused; a shared volume without the archive is unused
     with pytest.raises(RenderError, match="minAvailable must be below"):
         render((), {**REDIS, "gateway.autoscaling.enabled": "false", "gateway.replicas": "1"})
+    with pytest.raises(RenderError, match="stallSeconds must exceed two lease renewals"):
+        render((), {**REDIS, "archive.enabled": "true", "archive.url": "s3://b/p", "archive.leaseSeconds": "600"})
     unused = render((), {**REDIS, "archive.sharedVolume.enabled": "true"})
     assert "DURABLE_STREAMS_ARCHIVE_URL" not in _settings(unused)
 

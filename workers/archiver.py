@@ -3,8 +3,10 @@
 Per stream, under a lease (one worker at a time; a crashed or paused
 worker's lease expires and another takes over; see "Fencing" below):
 
-1. plan a range past the hot window, aligned to entries, within one UTC day,
-   merged with the stream's last file while that is small;
+1. if the stream is due (``_plan``: enough is past the hot window, or its oldest
+   entry there has been there ``max_delay``), plan a range past the hot window,
+   aligned to entries, within one UTC day, merged with the stream's last file
+   while that is below ``min_bytes`` (so a byte is rewritten a bounded number of times);
 2. *stage* it (archive_stage.lua): the range and file name are recorded
    before the file is written, so a retry after a crash writes the same file;
 3. write the file (durably: fsync + rename, or an object put);
@@ -381,17 +383,37 @@ class Archiver:
         return status in ("busy", "moved")  # plan again from what Redis says now
 
     async def _plan(self, lease: Lease, meta: dict[str, str], inc: str, last: Segment | None) -> _Job | None:
-        """The next range to archive, or None (nothing due; re-hinted for later)."""
+        """The next range to archive, or None (nothing due; re-hinted for later).
+
+        Entries are *movable* once past the hot window (older than ``hot_ms`` and
+        more than ``hot_bytes`` behind the tail). A stream is due when its movable
+        entries reach ``min_bytes``, when ``max_delay_ms`` has passed since its
+        first entry became movable, or when it is closed or deleted; a due round
+        takes every movable entry (up to a file and within one UTC day)."""
         sid, policy, now = lease.sid, self.policy, now_ms()
         start = _log_start(meta)
         limit = int(meta["tail"]) - policy.hot_bytes
         if limit <= start:
             return None
+        head = await self._first(lease, start)
+        if head is None or head.position + len(head.data) > limit:
+            return None  # the log's first entry is still inside the byte window
+        eligible = await self._movable_since(lease, head)
+        later = min(eligible + policy.max_delay_ms, now + 60_000)
+        closed = meta.get("closed") == "1" or meta.get("deleted") == "1"
+        overdue = closed or now - eligible >= policy.max_delay_ms
+        if not overdue and limit - start < policy.min_bytes:
+            await self.hint(sid, later)  # even all that is past the byte window is too little: no read
+            return None
         young = now - policy.hot_ms
-        merge = last if last is not None and last.end == start and last.size < policy.file_bytes else None
+        # Only a file below min_bytes grows by being rewritten with the next round: one that has
+        # reached the size a round is due at stays as it is, so a byte is rewritten a bounded
+        # number of times (about min_bytes / (2 x round size)), however large files may get.
+        merge = last if last is not None and last.end == start and last.size < policy.min_bytes else None
         rows: list[Row] = []
         size = 0
         day = ""
+        room = policy.file_bytes
         async for row in self._log(lease, start):
             if row.position + len(row.data) > limit:
                 break
@@ -400,24 +422,45 @@ class Archiver:
                 break
             if not rows:
                 day = utc_date(row.append_ms)
-                if merge is not None and merge.date != day:
-                    merge = None
-            room = policy.file_bytes - (merge.size if merge else 0)
+                if merge is not None and (merge.date != day or merge.size + len(row.data) > room):
+                    merge = None  # another day, or the merged file would pass file_bytes: a new file
+                room = policy.file_bytes - (merge.size if merge else 0)
             if utc_date(row.append_ms) != day or (rows and size + len(row.data) > room):
                 break
             rows.append(row)
             size += len(row.data)
         if not rows:
             return None
-        closed = meta.get("closed") == "1" or meta.get("deleted") == "1"
-        if size < policy.min_bytes and rows[0].append_ms > now - policy.max_delay_ms and not closed:
-            await self.hint(sid, min(rows[0].append_ms + policy.max_delay_ms, now + 60_000))
+        if size < policy.min_bytes and not overdue:
+            await self.hint(sid, later)
             return None
         first = merge.start if merge else start
         first_ms = merge.first_ms if merge else rows[0].append_ms
         end = rows[-1].position + len(rows[-1].data)
         name = file_name(keys.path_of(sid), inc, first, end, first_ms)
         return _Job(Segment(first, end, first_ms, rows[-1].append_ms, name), rows)
+
+    async def _first(self, lease: Lease, start: int) -> Row | None:
+        """The log's first entry (the one at ``start``), or None if the log is empty."""
+        stream = keys.stream_keys(lease.sid)[1]
+        page = cast(LogPage, await self.redis.xrange(stream, min=offsets.entry_id(start), max="+", count=1))
+        return _row(*page[0]) if page else None
+
+    async def _movable_since(self, lease: Lease, row: Row) -> int:
+        """When ``row`` left the hot window (ms): once it was ``hot_ms`` old, and once the
+        entry holding the byte ``hot_bytes`` past its end was appended. The due time counts
+        from here, not from the row's append: a slow stream's rows leave the byte window
+        long after they were appended, and would all be overdue at once."""
+        pushed = row.append_ms  # hot_bytes 0: movable as soon as appended
+        if self.policy.hot_bytes:
+            edge = row.position + len(row.data) + self.policy.hot_bytes - 1
+            stream = keys.stream_keys(lease.sid)[1]
+            holder = cast(  # positions are entry ids: the entry starting at or before ``edge``
+                LogPage, await self.redis.xrevrange(stream, offsets.entry_id(edge), "-", count=1)
+            )
+            if holder:
+                pushed = int(holder[0][1][b"t"])
+        return max(row.append_ms + self.policy.hot_ms, pushed)
 
     async def _write_and_commit(self, lease: Lease, meta: dict[str, str], inc: str, job: _Job) -> bool:
         sid, segment = lease.sid, job.segment
@@ -499,9 +542,8 @@ class Archiver:
         now = now_ms()
         if not self._legacy_indexed:
             await self._index_legacy_segsets()
-        async for batch in _batches(self.redis.scan_iter(match=keys.META_PATTERN, count=1000)):
+        async for batch in _batches(self._scan(keys.META_PATTERN)):
             await self._hint_unarchived(batch, now)
-            self.heartbeat.beat()  # a large keyspace takes many batches: each is progress
         async for batch in _batches(self.redis.sscan_iter(keys.ARCHIVE_SEGSETS, count=1000)):
             for key in await self._maybe_dead(batch):
                 try:
@@ -510,14 +552,28 @@ class Archiver:
                     if unavailable(exc):
                         raise
                     log.exception("removing the archive %r failed; will retry", key)
+                self.heartbeat.beat()  # each removal (files deleted) is progress
             self.heartbeat.beat()
         return True
+
+    async def _scan(self, match: str, type_: str | None = None) -> AsyncIterator[bytes | str]:
+        """SCAN's keys, with a heartbeat per page visited, matching or not: on a Redis shared
+        with many keys of others a pass may read thousands of pages that match nothing, and
+        that is progress, not a stall (--archive-stall-seconds)."""
+        cursor: int = 0
+        while True:
+            cursor, found = await self.redis.scan(cursor, match=match, count=1000, _type=type_)
+            self.heartbeat.beat()
+            for key in found:
+                yield key
+            if not cursor:
+                return
 
     async def _index_legacy_segsets(self) -> None:
         """Once per process: index segment sets that no index names, e.g. those of
         streams deleted before workers kept the index (an upgrade). Only sorted sets
         whose names parse as segment-set names: user-chosen paths cannot match."""
-        legacy = self.redis.scan_iter(match=f"{keys.PREFIX}:*:segs:*", count=1000, _type="zset")
+        legacy = self._scan(f"{keys.PREFIX}:*:segs:*", "zset")
         async for batch in _batches(legacy):
             found = []
             for key in batch:

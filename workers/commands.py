@@ -37,6 +37,15 @@ def register_archive(commands: argparse._SubParsersAction[Any]) -> None:
 def archive(settings: config.Settings) -> None:
     from .archiver import run_worker
 
+    # A busy worker's heartbeat may come only from renewing its lease (every third of it,
+    # during a long round): a stall limit below two renewals would restart healthy workers.
+    if settings.metrics_port and settings.archive_stall_seconds <= 2 * settings.archive_lease_seconds / 3:
+        raise RuntimeError(
+            f"--archive-stall-seconds ({settings.archive_stall_seconds:g}) must exceed two lease renewals "
+            f"(2/3 of --archive-lease-seconds, {settings.archive_lease_seconds:g}): a worker busy with one "
+            "long round would be restarted"
+        )
+
     redis_url = settings.redis_url
     if not redis_url:
         embedded = EmbeddedRedis(settings.data_dir, binary="redis-server")

@@ -232,7 +232,7 @@ class ArchiveProc(ServiceProc):
         self, name: str, redis_url: str, archive_dir: Path, log_dir: Path, lease_seconds: float
     ) -> None:
         args = ["archive", "--redis-url", redis_url, "--archive-url", str(archive_dir),
-                "--archive-hot-bytes", "0", "--archive-hot-seconds", "0", "--archive-min-bytes", "0",
+                "--archive-hot-bytes", "0", "--archive-hot-seconds", "0", "--archive-min-bytes", "16384",
                 "--archive-max-delay", "0", "--archive-interval", "0.1", "--archive-file-bytes", "16384",
                 "--archive-lease-seconds", str(lease_seconds), "--log-level", "warning"]  # fmt: skip
         super().__init__(name, args, log_dir)

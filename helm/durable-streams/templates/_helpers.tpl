@@ -305,6 +305,9 @@ topologySpreadConstraints:
 {{- if and .Values.ingress.enabled (le (float64 .Values.ingress.timeoutSeconds) (maxf $gw.longPollTimeoutSeconds $gw.sseCycleSeconds)) -}}
 {{- fail "ingress.timeoutSeconds must exceed gateway.longPollTimeoutSeconds and gateway.sseCycleSeconds (else the proxy cuts live reads)" -}}
 {{- end -}}
+{{- if and .Values.archive.enabled (le (float64 .Values.archive.stallSeconds) (divf (mulf 2 .Values.archive.leaseSeconds) 3)) -}}
+{{- fail "archive.stallSeconds must exceed two lease renewals (2/3 of archive.leaseSeconds): a worker busy with one long round would be restarted" -}}
+{{- end -}}
 {{- if .Values.archive.enabled -}}
 {{- if and .Values.archive.url .Values.archive.sharedVolume.enabled -}}
 {{- fail "archive: set archive.url (object storage) or archive.sharedVolume.enabled, not both" -}}
