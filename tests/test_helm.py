@@ -35,6 +35,7 @@ CASES = ROOT / "tests" / "chart_values"
 OPAQUE = ("resources", "extraEnv", "podSecurityContext", "securityContext", "annotations",
           "labels", "podLabels", "podAnnotations", "nodeSelector", "affinity")  # fmt: skip
 REDIS = {"externalRedis.url": "redis://redis.internal:6379/0"}  # the least a user must say
+S3 = {**REDIS, "archive.enabled": "true", "archive.url": "s3://b/p"}  # with the archive on S3
 
 
 def value_paths(node: object, prefix: str = "", leaves_only: bool = False) -> list[str]:
@@ -141,7 +142,7 @@ def test_a_default_install_claims_no_shared_volume() -> None:
         render((), {**REDIS, "archive.enabled": "true", "archive.url": "s3://b/p",
                     "archive.sharedVolume.enabled": "true"})  # fmt: skip
     # on S3: no volume at all; on a shared volume: RWX, gateways read-only
-    s3 = render((), {**REDIS, "archive.enabled": "true", "archive.url": "s3://b/p"})
+    s3 = render((), S3)
     assert not s3.of_kind("PersistentVolumeClaim")
     assert _settings(s3)["DURABLE_STREAMS_ARCHIVE_URL"] == "s3://b/p"
     shared = render((), {**REDIS, "archive.enabled": "true", "archive.sharedVolume.enabled": "true"})
@@ -198,7 +199,7 @@ def test_the_ingress_routes_streams_only() -> None:
 def test_probes_have_timeouts_and_the_archive_worker_is_checked_by_its_loop() -> None:
     """Probes had no timeouts and no startup probe; the archive worker's liveness was a TCP check
     on a metrics thread, so a hung worker stayed live."""
-    rendered = render((), {**REDIS, "archive.enabled": "true", "archive.url": "s3://b/p"})
+    rendered = render((), S3)
     (gateway,) = _pod(rendered, "gateway")["containers"]
     for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
         assert gateway[probe]["timeoutSeconds"] >= 1, probe
@@ -237,7 +238,7 @@ def test_the_spark_job_reads_a_window_and_reaches_s3_compatible_stores() -> None
 
 
 def test_pods_spread_and_are_locked_down() -> None:
-    rendered = render((), {**REDIS, "archive.enabled": "true", "archive.url": "s3://b/p"})
+    rendered = render((), S3)
     for component in ("gateway", "archive"):
         pod = _pod(rendered, component)
         term = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]
@@ -391,7 +392,7 @@ def test_what_a_review_for_real_clusters_found() -> None:
     with pytest.raises(RenderError, match="minAvailable must be below"):
         render((), {**REDIS, "gateway.autoscaling.enabled": "false", "gateway.replicas": "1"})
     with pytest.raises(RenderError, match="stallSeconds must exceed two lease renewals"):
-        render((), {**REDIS, "archive.enabled": "true", "archive.url": "s3://b/p", "archive.leaseSeconds": "600"})
+        render((), {**S3, "archive.leaseSeconds": "600"})
     unused = render((), {**REDIS, "archive.sharedVolume.enabled": "true"})
     assert "DURABLE_STREAMS_ARCHIVE_URL" not in _settings(unused)
 
