@@ -15,7 +15,7 @@ import signal
 from typing import Any
 
 from gateway import config
-from gateway.cli.embedded import EmbeddedRedis
+from gateway.cli.embedded import redis_url_or_running
 from gateway.cli.main import install_uvloop
 
 
@@ -46,15 +46,7 @@ def archive(settings: config.Settings) -> None:
             "long round would be restarted"
         )
 
-    redis_url = settings.redis_url
-    if not redis_url:
-        embedded = EmbeddedRedis(settings.data_dir, binary="redis-server")
-        if not embedded.socket.exists():
-            raise RuntimeError(
-                "no Redis: give --redis-url, or start `durable-streams serve` "
-                f"with --data-dir {settings.data_dir}"
-            )
-        redis_url = embedded.url
+    redis_url = redis_url_or_running(settings.redis_url, settings.data_dir)
     install_uvloop()
 
     async def main() -> None:

@@ -164,6 +164,19 @@ class EmbeddedRedis:
             process.wait()
 
 
+def redis_url_or_running(redis_url: str | None, data_dir: str) -> str:
+    """``redis_url``, else the embedded Redis a ``durable-streams serve`` runs in ``data_dir``
+    (commands beside the server use it; they never start one of their own)."""
+    if redis_url:
+        return redis_url
+    embedded = EmbeddedRedis(data_dir, binary="redis-server")
+    if not embedded.socket.exists():
+        raise RuntimeError(
+            f"no Redis: give --redis-url, or start `durable-streams serve` with --data-dir {data_dir}"
+        )
+    return embedded.url
+
+
 def _exit_reason(code: int | None) -> str:
     if code is not None and code < 0:
         try:

@@ -17,7 +17,7 @@ import redis.asyncio as aioredis
 from .. import config
 from ..storage import layout
 from ..storage.preflight import reason
-from .embedded import EmbeddedRedis
+from .embedded import redis_url_or_running
 
 SETTINGS = ("redis_url", "data_dir", "redis_timeout", "log_level", "log_format")
 
@@ -36,15 +36,7 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
 
 
 def run(settings: config.Settings) -> None:
-    redis_url = settings.redis_url
-    if not redis_url:
-        embedded = EmbeddedRedis(settings.data_dir, binary="redis-server")
-        if not embedded.socket.exists():
-            raise RuntimeError(
-                "no Redis: give --redis-url, or start `durable-streams serve` "
-                f"with --data-dir {settings.data_dir}"
-            )
-        redis_url = embedded.url
+    redis_url = redis_url_or_running(settings.redis_url, settings.data_dir)
     asyncio.run(_migrate(redis_url, settings.redis_timeout))
 
 
