@@ -124,7 +124,7 @@ def test_archive_worker_waits_for_redis(tmp_path: Path) -> None:
     proc, log = _command(
         tmp_path, "archive", "--redis-url", f"redis://127.0.0.1:{redis_port}/0",
         "--metrics-port", str(metrics_port), "--archive-url", str(tmp_path / "archive"),
-        "--archive-interval", "0.2", "--archive-stall-seconds", "5",
+        "--archive-interval", "0.2", "--archive-stall-seconds", "5", "--archive-lease-seconds", "5",
     )  # fmt: skip
     server = EmbeddedRedis(tmp_path / "redis", port=redis_port)
     try:
