@@ -26,6 +26,8 @@ from gateway.cli.embedded import EmbeddedRedis, find_redis_server
 from gateway.config import Settings
 from gateway.http.app import create_app
 
+from .cluster import Cluster, cluster_unavailable, start_cluster
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -165,3 +167,14 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
 def url(gateway: str) -> str:
     """A fresh stream URL for each test."""
     return f"{gateway}/test-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """A Redis Cluster on loopback (3 primaries, 3 replicas; tests/cluster.py), started by the
+    first test that asks for it. Tests that break it leave it healthy again."""
+    reason = cluster_unavailable()
+    if reason:
+        pytest.skip(reason)
+    with start_cluster(tmp_path_factory.mktemp("cluster")) as cluster:
+        yield cluster
