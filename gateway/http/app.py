@@ -18,6 +18,7 @@ from multidict import CIMultiDict
 from ..archive.cold import ColdReader
 from ..archive.files import Archive
 from ..config import Settings, from_env
+from ..protocol import caching
 from ..protocol.errors import ProtocolError
 from ..storage import client as redis_client
 from ..storage.fanout import Fanout
@@ -112,12 +113,16 @@ def endpoint(
                 response = _error_response(request, exc)
             status = response.status
             if not response.prepared:  # an event stream sent its own headers already
+                if status >= 400:  # a CDN must not keep a 404 past the stream's creation, nor a 503
+                    response.headers.setdefault("Cache-Control", caching.NO_STORE)
                 _secure(request, response.headers)
             if access is not None:
                 size = _size(response)
             return response
         except web.HTTPException as exc:  # aiohttp's own answers, e.g. 413 from request.read()
             status = exc.status
+            if status >= 400:
+                exc.headers.setdefault("Cache-Control", caching.NO_STORE)
             _secure(request, exc.headers)
             raise
         finally:
