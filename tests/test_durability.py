@@ -29,6 +29,7 @@ under ``--require-durable``, and the embedded Redis runs with ``noeviction``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -36,7 +37,9 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -106,17 +109,27 @@ def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DURABLE_STREAMS_REDIS_URL")}
 
 
+@contextlib.contextmanager
+def _serving(*args: str, stderr: Any = subprocess.PIPE, clean_exit: bool = True) -> Iterator[int]:
+    """``durable-streams serve <args>`` on a free port until the block ends (``clean_exit``: and
+    then exits 0 on SIGTERM)."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--port", str(port), *args],
+                            env=_env(), stderr=stderr, text=True)  # fmt: skip
+    try:
+        wait_ready(port, proc)
+        yield port
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(20)
+        assert code == 0 or not clean_exit
+
+
 def test_embedded_redis_fsyncs_every_write(tmp_path: Path) -> None:
     """The embedded Redis of `durable-streams serve` runs with fsync on every write."""
     _needs_redis_server()
-    port = free_port()
     data_dir = tmp_path / "data"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway", "serve", "--port", str(port), "--data-dir", str(data_dir)],
-        env=_env(), stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        wait_ready(port, proc)
+    with _serving("--data-dir", str(data_dir), stderr=subprocess.DEVNULL, clean_exit=False) as port:
         with redis.Redis(unix_socket_path=str(data_dir / "redis.sock"), decode_responses=True) as client:
             settings = client.config_get("append*")
             assert settings["appendonly"] == "yes"
@@ -136,9 +149,6 @@ def test_embedded_redis_fsyncs_every_write(tmp_path: Path) -> None:
             info = client.info("persistence")
             assert info["aof_enabled"] == 1
             assert info["aof_last_write_status"] == "ok"
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(20)
 
 
 @pytest.fixture
@@ -191,17 +201,8 @@ def test_require_durable_refuses_redis_without_fsync_always(external_redis: str,
 
 @pytest.mark.parametrize("external_redis", [("yes", "always")], indirect=True)
 def test_require_durable_accepts_fsync_always(external_redis: str) -> None:
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway", "serve", "--port", str(port),
-         "--redis-url", external_redis, "--require-durable"],
-        env=_env(), stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        wait_ready(port, proc)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(20) == 0
+    with _serving("--redis-url", external_redis, "--require-durable"):
+        pass
 
 
 @pytest.mark.parametrize(
@@ -218,19 +219,10 @@ def test_embedded_redis_never_evicts(tmp_path: Path) -> None:
     _needs_redis_server()
     command = EmbeddedRedis(tmp_path / "data").command()
     assert command[command.index("--maxmemory-policy") + 1] == "noeviction"
-    port = free_port()
     data_dir = tmp_path / "data"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway", "serve", "--port", str(port), "--data-dir", str(data_dir)],
-        env=_env(), stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        wait_ready(port, proc)
+    with _serving("--data-dir", str(data_dir)):
         with redis.Redis(unix_socket_path=str(data_dir / "redis.sock"), decode_responses=True) as client:
             assert client.config_get("maxmemory-policy")["maxmemory-policy"] == "noeviction"
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(20) == 0
 
 
 EVICTING = ("yes", "always", "--maxmemory-policy", "allkeys-lru")
@@ -238,18 +230,9 @@ EVICTING = ("yes", "always", "--maxmemory-policy", "allkeys-lru")
 
 @pytest.mark.parametrize("external_redis", [EVICTING], indirect=True)
 def test_an_evicting_redis_is_warned_about(external_redis: str, tmp_path: Path) -> None:
-    port = free_port()
     log = tmp_path / "serve.log"
-    with log.open("w") as err:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway", "serve", "--port", str(port), "--redis-url", external_redis],
-            env=_env(), stderr=err,
-        )  # fmt: skip
-    try:
-        wait_ready(port, proc)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(20) == 0
+    with log.open("w") as err, _serving("--redis-url", external_redis, stderr=err):
+        pass
     warnings = [line for line in log.read_text().splitlines() if "WARNING" in line and "maxmemory" in line]
     assert len(warnings) == 1, log.read_text()
     assert "ACKNOWLEDGED DATA CAN BE LOST" in warnings[0] and "'allkeys-lru'" in warnings[0]
