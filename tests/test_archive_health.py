@@ -14,13 +14,12 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.cli.embedded import EmbeddedRedis, find_redis_server
+from gateway.cli.embedded import EmbeddedRedis
 from workers.health import Heartbeat
 
-from .conftest import free_port
+from .conftest import free_port, redis_server_binary
 
 
 def _get(url: str) -> tuple[int, str]:
@@ -48,10 +47,7 @@ def _until(
 
 
 def test_healthz_fails_while_the_loop_is_stuck(tmp_path: Path) -> None:
-    try:
-        find_redis_server()
-    except RuntimeError:
-        pytest.skip("needs a redis-server binary to pause")
+    redis_server_binary("needs a redis-server binary to pause")
     server = EmbeddedRedis(tmp_path / "redis", port=free_port())
     server.start()
     metrics_port = free_port()

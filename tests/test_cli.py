@@ -9,12 +9,9 @@ import sys
 import time
 import urllib.request
 
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.cli.embedded import find_redis_server
-
-from .conftest import free_port, wait_ready
+from .conftest import free_port, redis_server_binary, wait_ready
 
 
 def test_help_lists_every_setting() -> None:
@@ -27,10 +24,7 @@ def test_help_lists_every_setting() -> None:
 
 def _serve(tmp_path, *args: str, **extra_env: str) -> tuple[subprocess.Popen, int]:
     """``durable-streams serve`` with an embedded Redis, as a user starts it."""
-    try:
-        find_redis_server()
-    except RuntimeError:
-        pytest.skip("no redis-server binary")
+    redis_server_binary("no redis-server binary")
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DURABLE_STREAMS_REDIS_URL")}
     env.update(extra_env)
@@ -139,10 +133,7 @@ async def test_sigterm_ends_live_reads_cleanly(tmp_path) -> None:
 
 
 def test_require_durable_refuses_risky_redis(tmp_path) -> None:
-    try:
-        binary = find_redis_server()
-    except RuntimeError:
-        pytest.skip("no redis-server binary")
+    binary = redis_server_binary("no redis-server binary")
     redis_port = free_port()
     redis = subprocess.Popen(
         [binary, "--port", str(redis_port), "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],

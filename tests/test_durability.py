@@ -45,10 +45,10 @@ import aiohttp
 import pytest
 import redis
 
-from gateway.cli.embedded import EmbeddedRedis, find_redis_server
+from gateway.cli.embedded import EmbeddedRedis
 from gateway.storage.durability import assess, assess_eviction
 
-from .conftest import free_port, read_all, start_gateway, wait_ready
+from .conftest import free_port, read_all, redis_server_binary, start_gateway, wait_ready
 
 
 async def test_acknowledged_appends_survive_kill_9(
@@ -98,13 +98,6 @@ async def test_acknowledged_appends_survive_kill_9(
         assert all(stored.count(item) == 1 for item in mine)
 
 
-def _needs_redis_server() -> str:
-    try:
-        return find_redis_server()
-    except RuntimeError:
-        pytest.skip("needs a redis-server binary")
-
-
 def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DURABLE_STREAMS_REDIS_URL")}
 
@@ -127,7 +120,7 @@ def _serving(*args: str, stderr: Any = subprocess.PIPE, clean_exit: bool = True)
 
 def test_embedded_redis_fsyncs_every_write(tmp_path: Path) -> None:
     """The embedded Redis of `durable-streams serve` runs with fsync on every write."""
-    _needs_redis_server()
+    redis_server_binary()
     data_dir = tmp_path / "data"
     with _serving("--data-dir", str(data_dir), stderr=subprocess.DEVNULL, clean_exit=False) as port:
         with redis.Redis(unix_socket_path=str(data_dir / "redis.sock"), decode_responses=True) as client:
@@ -154,7 +147,7 @@ def test_embedded_redis_fsyncs_every_write(tmp_path: Path) -> None:
 @pytest.fixture
 def external_redis(tmp_path: Path, request: pytest.FixtureRequest):
     """A redis-server with the persistence settings given as the test's parameters."""
-    binary = _needs_redis_server()
+    binary = redis_server_binary()
     appendonly, appendfsync, *more = request.param  # more: further redis-server arguments
     port = free_port()
     server = subprocess.Popen(
@@ -216,7 +209,7 @@ def test_assess(appendonly: str, appendfsync: str, durable: bool) -> None:
 def test_embedded_redis_never_evicts(tmp_path: Path) -> None:
     """Asked for explicitly (not left to a default or a config file): at maxmemory the
     embedded Redis refuses writes (503 to the client) rather than deleting streams."""
-    _needs_redis_server()
+    redis_server_binary()
     command = EmbeddedRedis(tmp_path / "data").command()
     assert command[command.index("--maxmemory-policy") + 1] == "noeviction"
     data_dir = tmp_path / "data"

@@ -21,21 +21,18 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
-from gateway.cli.embedded import EmbeddedRedis, find_redis_server
+from gateway.cli.embedded import EmbeddedRedis
 from gateway.config import Settings
 from gateway.http.app import create_app
 
-from .conftest import free_port, own_redis_server, read_all
+from .conftest import free_port, own_redis_server, read_all, redis_server_binary
 
 TEXT = {"Content-Type": "text/plain"}
 
 
 @pytest.fixture(autouse=True)
 def _needs_redis_server() -> None:
-    try:
-        find_redis_server()
-    except RuntimeError:
-        pytest.skip("needs a redis-server binary to kill")
+    redis_server_binary("needs a redis-server binary to kill")
 
 
 def _start(tmp_path: Path, *args: str) -> tuple[subprocess.Popen, int, Path]:

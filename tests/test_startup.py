@@ -19,20 +19,17 @@ import aiohttp
 import pytest
 import redis
 
-from gateway.cli.embedded import EmbeddedRedis, find_redis_server
+from gateway.cli.embedded import EmbeddedRedis
 from gateway.storage import keys
 
-from .conftest import free_port, start_gateway
+from .conftest import free_port, redis_server_binary, start_gateway
 
 TEXT = {"Content-Type": "text/plain"}
 
 
 @pytest.fixture(autouse=True)
 def _needs_redis_server() -> None:
-    try:
-        find_redis_server()
-    except RuntimeError:
-        pytest.skip("needs a redis-server binary to start on a chosen port")
+    redis_server_binary("needs a redis-server binary to start on a chosen port")
 
 
 def _command(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[bytes], Path]:
