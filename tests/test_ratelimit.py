@@ -157,14 +157,14 @@ class TestBucketKey:
 
 @pytest.fixture
 async def limiter(redis: aioredis.Redis) -> RateLimiter:
-    return RateLimiter(redis, Scripts(redis))
+    return RateLimiter(Scripts(redis))
 
 
 @pytest.fixture
 async def other_gateway(redis_url: str) -> AsyncIterator[RateLimiter]:
     """A second limiter on a connection of its own, as another gateway would have."""
     client = aioredis.Redis.from_url(redis_url)
-    yield RateLimiter(client, Scripts(client))
+    yield RateLimiter(Scripts(client))
     await client.aclose()
 
 
@@ -268,7 +268,7 @@ async def test_redis_failure_propagates() -> None:
     client = aioredis.Redis(host="127.0.0.1", port=free_port(), socket_connect_timeout=1)
     try:
         with pytest.raises(redis.exceptions.ConnectionError):
-            await RateLimiter(client, Scripts(client)).take(who(), rule("read:=1/s"))
+            await RateLimiter(Scripts(client)).take(who(), rule("read:=1/s"))
     finally:
         await client.aclose()
 

@@ -13,12 +13,11 @@ from collections.abc import Awaitable, Callable, Mapping
 import redis.asyncio as aioredis
 import redis.exceptions
 from aiohttp import web
-from multidict import CIMultiDict
 
 from ..archive.cold import ColdReader
 from ..archive.files import Archive
 from ..config import Settings, from_env
-from ..protocol import caching
+from ..protocol import browser, caching
 from ..protocol.errors import ProtocolError
 from ..storage import client as redis_client
 from ..storage.fanout import Fanout
@@ -42,7 +41,6 @@ PREFLIGHT_TASK = web.AppKey("preflight_task", asyncio.Task)
 EMBEDDED_REDIS = web.AppKey("embedded_redis", str)  # the URL of the Redis this server runs itself
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Admit = Callable[[Guard, web.Request], Awaitable[None]]  # a Guard check a route's requests pass
-LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
 def _error_response(request: web.Request, exc: Exception) -> web.Response:
@@ -67,12 +65,6 @@ def _stream_route(request: web.Request) -> str:
     """A low-cardinality name for the metrics: never the stream path."""
     mode = request.query.get("live") if request.method == "GET" else None
     return f"stream-{mode}" if mode in ("sse", "long-poll") else "stream"
-
-
-def _secure(request: web.Request, headers: CIMultiDict[str]) -> None:
-    gw = request.app.get(GATEWAY)
-    if gw is not None:
-        gw.guard.secure(request, headers)
 
 
 def _size(response: web.StreamResponse) -> int:
@@ -102,12 +94,13 @@ def endpoint(
 
     async def guarded(request: web.Request) -> web.StreamResponse:
         started, status, size = time.perf_counter(), 500, 0
+        gw = request.app[GATEWAY]
         try:
             try:
-                if storage and not request.app[GATEWAY].preflight.ready and request.method != "OPTIONS":
+                if storage and not gw.preflight.ready and request.method != "OPTIONS":
                     raise ProtocolError(503, "storage not ready yet, retry", {"Retry-After": "2"})
                 if admit is not None:
-                    await admit(request.app[GATEWAY].guard, request)
+                    await admit(gw.guard, request)
                 response = await handler(request)
             except Exception as exc:
                 response = _error_response(request, exc)
@@ -115,7 +108,7 @@ def endpoint(
             if not response.prepared:  # an event stream sent its own headers already
                 if status >= 400:  # a CDN must not keep a 404 past the stream's creation, nor a 503
                     response.headers.setdefault("Cache-Control", caching.NO_STORE)
-                _secure(request, response.headers)
+                gw.guard.secure(request, response.headers)
             if access is not None:
                 size = _size(response)
             return response
@@ -123,10 +116,10 @@ def endpoint(
             status = exc.status
             if status >= 400:
                 exc.headers.setdefault("Cache-Control", caching.NO_STORE)
-            _secure(request, exc.headers)
+            gw.guard.secure(request, exc.headers)
             raise
         finally:
-            request.app[GATEWAY].bodies.release(request)
+            gw.bodies.release(request)
             name = route if isinstance(route, str) else route(request)
             seconds = time.perf_counter() - started
             metrics.observe_request(name, request.method, status, seconds)
@@ -251,7 +244,7 @@ def create_app(
         guard = Guard(settings)  # reads token files and keys now: a bad one stops the start
     except (OSError, ValueError) as exc:
         raise RuntimeError(f"access control: {exc}") from None
-    if not settings.auth_enabled and settings.host not in LOOPBACK:
+    if not settings.auth_enabled and settings.host not in browser.LOOPBACK:
         log.warning(
             "ACCESS CONTROL IS OFF while listening on %s: anyone who can reach this port can read, "
             "write and delete every stream (README, Security)",
@@ -273,7 +266,7 @@ def create_app(
         )
         fanout = Fanout(pubsub_client)
         await fanout.start()
-        guard.attach(RateLimiter(client, store.scripts))
+        guard.attach(RateLimiter(store.scripts))
         app[GATEWAY] = Gateway(
             settings=settings,
             store=store,

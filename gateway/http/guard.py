@@ -85,7 +85,7 @@ class Guard:
         # Access control off on loopback (a laptop): only requests for a loopback name (or the
         # public URL's) are served, so a web page cannot reach it by DNS rebinding.
         self.local_names: frozenset[str] | None = None
-        if self.auth is None and settings.host in ("127.0.0.1", "::1", "localhost"):
+        if self.auth is None and settings.host in browser.LOOPBACK:
             public = (settings.public_url or "").partition("://")[2].split("/", 1)[0].lower()
             self.local_names = frozenset({public} if public else set())
         self.live = LiveSlots(settings.max_live_connections, settings.max_live_per_credential)

@@ -221,7 +221,7 @@ async def get_stream(request: web.Request) -> web.StreamResponse:
         until = principal_of(request).expires_at
         serve = live.sse if mode == "sse" else live.long_poll
         slot = gw.guard.live.hold(gw.guard.live_holder(request))
-        with slot, metrics.LIVE_CONNECTIONS.labels(mode).track_inprogress():
+        with slot, metrics.child(metrics.LIVE_CONNECTIONS, mode).track_inprogress():
             return await serve(request, gw, sid, start, cursor.response_cursor(client_cursor), until)
     if mode is not None:
         raise bad_request("live must be long-poll or sse")

@@ -60,7 +60,6 @@ class Grants:
         return any(self.prefixes.values())
 
 
-NONE = Grants()
 EVERYTHING = Grants({"admin": ("",)})
 
 

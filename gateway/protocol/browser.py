@@ -124,6 +124,7 @@ _CREDENTIALED_HEADERS = ", ".join(
 
 
 LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "[::1]", "::1"})
+LOOPBACK = ("127.0.0.1", "::1", "localhost")  # --host values that listen on loopback only
 
 
 def local_host(host: str) -> bool:

@@ -14,7 +14,8 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 _PACKER = HiredisRespSerializer()
 
 
-_PACKING: dict[type[AbstractConnection], type[AbstractConnection]] = {}  # one subclass per base
+# One subclass per base. Not functools.cache: mypy takes a class for an unhashable argument.
+_PACKING: dict[type[AbstractConnection], type[AbstractConnection]] = {}
 
 
 def _hiredis_packing(base: type[AbstractConnection]) -> type[AbstractConnection]:

@@ -20,22 +20,20 @@ from __future__ import annotations
 
 import functools
 
-from redis.asyncio import Redis
-
 from ..concurrency.batching import Batcher
 from ..protocol.quotas import RateRule
 from . import keys
 from .limits import MAX_BATCH_ENTRIES
-from .scripts import Scripts, timed
+from .scripts import Scripts
 
 _Take = tuple[str, float, float, int]  # bucket key, rate, burst, cost
 _bucket = functools.lru_cache(maxsize=65536)(keys.rate_bucket)  # two SHA-256 per name: once per client
 
 
 class RateLimiter:
-    def __init__(self, redis: Redis, scripts: Scripts) -> None:
-        self.redis = redis
+    def __init__(self, scripts: Scripts) -> None:
         self.scripts = scripts
+        self.redis = scripts.redis  # where the buckets live
         self._batcher: Batcher[_Take, float] = Batcher(self._take_batch, max_items=MAX_BATCH_ENTRIES)
 
     async def take(self, identity: str, rule: RateRule, cost: int = 1) -> float:
@@ -51,8 +49,5 @@ class RateLimiter:
         args: list[float] = []
         for _key, rate, burst, cost in takes:
             args += (rate, burst, cost)
-        waits = await timed(
-            "rate_limit",
-            self.scripts.call("rate_limit", [key for key, *_ in takes], args, client=self.redis),
-        )
+        waits = await self.scripts.run("rate_limit", [key for key, *_ in takes], args)
         return [int(ms) / 1000 for ms in waits]

@@ -68,6 +68,11 @@ class Scripts:
         self._redis = redis
         self._scripts: dict[str, AsyncScript] = {n: redis.register_script(source(n)) for n in NAMES}
 
+    @property
+    def redis(self) -> Redis:
+        """The client the scripts run on."""
+        return self._redis
+
     async def load(self) -> None:
         """Load every script now, so the first request does not pay for it."""
         for script in self._scripts.values():
