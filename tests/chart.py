@@ -77,11 +77,6 @@ class Rendered:
         raise KeyError(f"no {kind} {name!r} rendered; there are: {', '.join(_ids(self.docs)) or 'none'}")
 
 
-def backend() -> str:
-    """What renders: "helm (/usr/bin/helm, v3.x)" or "helm-render (...)". Announced once on stderr."""
-    return _backend()[0]
-
-
 def render(
     values_files: Sequence[PathLike] = (),
     set_values: SetValues | None = None,
@@ -99,13 +94,20 @@ def render(
     Values layer as in Helm: values.yaml, each file in order, then ``set_values``, then
     ``set_string``. Raises RenderError with helm's message when helm would fail.
     """
-    description, helm = _backend()
     flags = _value_flags(values_files, set_values, set_string)
     flags += ["--namespace", namespace, "--kube-version", kube_version]
     for api in api_versions:
         flags += ["--api-versions", api]
+    return _render(release, chart, tuple(flags), notes)
+
+
+@functools.lru_cache(maxsize=256)
+def _render(release: str, chart: Path, flags: tuple[str, ...], notes: bool) -> Rendered:
+    """One render per distinct command line: the tests ask for the same ones many times, and
+    each is a subprocess or three. (A failed render raises: nothing is cached then.)"""
+    description, helm = _backend()
     if helm is not None:
-        return _render_with_helm(helm, release, chart, flags, notes, description)
+        return _render_with_helm(helm, release, chart, list(flags), notes, description)
     exe = _renderer()
     args = [str(exe), "--release", release, *flags, str(chart)]
     _check_schema(chart, json.loads(_run([*args, "--dump-values"])))

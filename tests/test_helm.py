@@ -22,9 +22,8 @@ import yaml
 
 from gateway.config import Settings, env_name
 
-from .chart import CHART, Rendered, RenderError, lint, render, validate
+from .chart import CHART, ROOT, Rendered, RenderError, lint, render, validate
 
-ROOT = Path(__file__).resolve().parent.parent
 VALUES = yaml.safe_load((CHART / "values.yaml").read_text())
 SCHEMA = json.loads((CHART / "values.schema.json").read_text())
 TEMPLATES = {str(p.relative_to(CHART / "templates")): p.read_text() for p in (CHART / "templates").rglob("*")
