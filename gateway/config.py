@@ -22,6 +22,9 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 4437
     redis_url: str | None = None
+    redis_cluster: bool = False
+    min_replicas_ack: int = 0
+    min_replicas_ack_timeout: float = 1.0
     data_dir: str = "./data"
     prefix: str = "/v1/stream"
     max_body_bytes: int = 4 * 1024 * 1024
@@ -99,7 +102,17 @@ class Settings:
 
 
 # Which command takes which settings (the rest are `serve`'s alone).
-COMMON = ("host", "redis_url", "data_dir", "archive_url", "log_level", "log_format")
+COMMON = (
+    "host",
+    "redis_url",
+    "redis_cluster",
+    "min_replicas_ack",
+    "min_replicas_ack_timeout",
+    "data_dir",
+    "archive_url",
+    "log_level",
+    "log_format",
+)
 WORKER = (
     "archive_hot_bytes",
     "archive_hot_seconds",
@@ -120,6 +133,12 @@ HELP = {
     "port": "port to listen on (4437 is the protocol's)",
     "redis_url": "Redis to use, e.g. redis://host:6379/0; unset: start an embedded "
     "redis-server in --data-dir (AOF, fsync on every write)",
+    "redis_cluster": "--redis-url is a node of a Redis Cluster (redis-py's RedisCluster.from_url: the "
+    "other nodes are found from it); streams are spread over its shards by hash slot",
+    "min_replicas_ack": "acknowledge a write only once this many replicas have it (WAIT; WAITAOF, "
+    "their disks, on Redis 7.2+); 0: once the primary has it (docs/scaling.md, Replica durability)",
+    "min_replicas_ack_timeout": "seconds a write waits for --min-replicas-ack replicas; then the "
+    "client gets 504 (append) or 503: stored on the primary, not confirmed by enough replicas",
     "data_dir": "where the embedded Redis keeps its data",
     "prefix": "URL prefix streams live under",
     "max_body_bytes": "largest request body accepted; larger ones get 413",
@@ -355,6 +374,7 @@ PARSERS: dict[str, Parse] = {
             "archive_lease_seconds",
             "archive_stall_seconds",
             "auth_signed_url_max_seconds",
+            "min_replicas_ack_timeout",
         )
     },
 }
@@ -431,3 +451,15 @@ def from_env() -> Settings:
 def from_namespace(ns: argparse.Namespace) -> Settings:
     values = {f.name: getattr(ns, f.name) for f in fields(Settings) if hasattr(ns, f.name)}
     return Settings(**values)
+
+
+def conflict(settings: Settings) -> str | None:
+    """What makes a combination of settings unusable (each setting valid alone), or None."""
+    url = settings.redis_url or ""
+    if settings.redis_cluster and not url:
+        return "--redis-cluster needs --redis-url (a node of the cluster); the embedded Redis is one node"
+    if settings.redis_cluster and urlsplit(url).scheme == "unix":
+        return "--redis-cluster needs a redis:// or rediss:// --redis-url: cluster nodes are found by address"
+    if settings.min_replicas_ack and not url:
+        return "--min-replicas-ack needs --redis-url: the embedded Redis has no replicas"
+    return None

@@ -6,9 +6,12 @@
 --   KEYS[4] forks (set)   KEYS[5] notify channel (a name, never stored)
 -- archive_*.lua also get KEYS[6], the stream's archive lease (a string: the
 -- holding worker's token) and the caller's token as ARGV[1]; all but the
--- read-only archive_named refuse to act unless the two match (fencing).
+-- read-only archive_named refuse to act unless the two match (fencing). Those
+-- that use the segment set get it as KEYS[7] (SEGS): its name holds the
+-- incarnation (ARGV[2]), and every key a script touches is in KEYS, so the
+-- scripts run unchanged on Redis Cluster. No script builds a key name.
 -- Archived data lives in Parquet; its segment list is the sorted set
--- segs_key(inc) (see gateway/archive/segments.py): score = first position, member =
+-- SEGS (see gateway/archive/segments.py): score = first position, member =
 -- "<from> <to> <first ms> <last ms> <file>"; score -1 marks a file being
 -- written (pending), -2 a replaced file still to delete. Meta field 'arch' is
 -- where the Redis log starts (everything below is in files), 'floor' where
@@ -19,7 +22,19 @@
 -- not pin its source (gateway/storage/forks.py). FORKS holds pinning forks only.
 -- Positions are byte positions in the stream; the log entry that starts at
 -- position P has the id "P-1" (0-0 is not a valid stream id).
-local META, LOG, PROD, FORKS, CHANNEL = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local META, LOG, PROD, FORKS, CHANNEL, SEGS = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[7]
+-- How notices go out: on Redis Cluster, sharded pub/sub (SPUBLISH reaches only the
+-- slot's shard, where the stream's readers subscribe: gateway/storage/fanout.py),
+-- except on Redis < 7 (no sharded pub/sub, and no REDIS_VERSION_NUM); else PUBLISH.
+-- CLUSTER is set by gateway/storage/scripts.py when it loads the scripts.
+local CLUSTER = false --[[cluster]]
+local function publish(notice)
+  if CLUSTER and redis.REDIS_VERSION_NUM then
+    redis.call('SPUBLISH', CHANNEL, notice)
+  else
+    redis.call('PUBLISH', CHANNEL, notice)
+  end
+end
 
 local function fmt(n) return string.format('%.0f', n) end
 local function eid(pos) return fmt(pos) .. '-1' end
@@ -49,14 +64,6 @@ end
 -- (workers/archiver.py).
 -- UNLINK: a long log is freed in the background, not inside this script.
 local function drop() redis.call('UNLINK', META, LOG, PROD, FORKS) end
-
-local function segs_key(inc) return string.sub(META, 1, #META - 4) .. 'segs:' .. inc end
-
--- The archived segment holding position `pos`, as its member string, or nil.
-local function segment_at(m, pos)
-  if not m.inc then return nil end
-  return redis.call('ZREVRANGEBYSCORE', segs_key(m.inc), pos, 0, 'LIMIT', 0, 1)[1]
-end
 
 -- Redis expiry frees an idle expired stream's memory by itself; a stream that
 -- forks still read from must outlive its deadline, so it is made persistent.
@@ -172,20 +179,21 @@ local function collect(from, hi, budget, whole, max_entries)
   end
 end
 
--- What a read from `from` finds first: {} and the segment member when
--- `from` is archived (the caller reads the file, then continues); {}, '' and
--- 'bulk' when it would return more than `inline` bytes of a byte stream (the
+-- What a read from `from` finds first: {}, 'archived' and the incarnation
+-- when `from` is archived (the caller finds the segment in the incarnation's
+-- segment set, reads its file, then continues: the set's name is not known
+-- before this script looks, so it cannot be in KEYS); {} and 'bulk' when it would return more than `inline` bytes of a byte stream (the
 -- caller fetches them with a plain XRANGE: copying megabytes into Lua and
 -- back costs Redis about four times what XRANGE does); else the log's entries.
 local function read_from(m, from, hi, budget, whole, max_entries, inline)
   if m.arch and from < tonumber(m.arch) then
-    return {{}, segment_at(m, from) or ''}
+    return {{}, 'archived', m.inc or ''}
   end
   local stop = hi or tonumber(m.tail)
   if not whole and stop and math.min(stop, from + budget) - from > inline then
-    return {{}, '', 'bulk'}
+    return {{}, 'bulk'}
   end
-  return {collect(from, hi, budget, whole, max_entries), ''}
+  return {collect(from, hi, budget, whole, max_entries)}
 end
 
 -- Append entries ARGV[first..last] at the tail; returns the new tail. Each

@@ -3,14 +3,14 @@
 -- order exactly as if it came alone (content type, closure, Stream-Seq and
 -- idempotent producer checks), committed together with its data.
 -- KEYS: the five stream keys (_prelude.lua) of each stream, one after another.
---   Redis Cluster would need every stream of a call in one slot; the gateway
---   talks to one primary, so one call carries a whole batch.
+--   On Redis Cluster every stream of a call hashes to one slot: the gateway
+--   splits a batch by slot (gateway/storage/appends.py).
 -- ARGV: 1 largest amount of appended bytes that rides along in a notice,
 --   then per stream (in KEYS order): its number of appends, then per append:
 --   content type normalized ('' when the body is empty), '1' to close after
 --   appending, Stream-Seq ('' none), producer id ('' none), producer epoch,
 --   producer seq, entry count k, and the k entries (none = close-only).
--- Publishes one notice per changed stream on its notify channel:
+-- Publishes (publish() in _prelude.lua) one notice per changed stream on its notify channel:
 --   "<old tail> <new tail> <closed 0|1>", plus for small appends
 --   " <len>,<len>,...\n<data><data>..." (gateway/protocol/notices.py).
 -- Each append runs under pcall: an error in one (a corrupt key, a refusal such
@@ -45,7 +45,7 @@ local function finish_stream(m, old_tail, was_closed, appended)
       for k, index in ipairs(appended) do sizes[k] = #ARGV[index]; datas[k] = ARGV[index] end
       notice = notice .. ' ' .. table.concat(sizes, ',') .. '\n' .. table.concat(datas)
     end
-    redis.call('PUBLISH', CHANNEL, notice)
+    publish(notice)
   end
 end
 

@@ -1,6 +1,7 @@
 -- archive_commit.lua: the staged file is durable: record it as a segment,
 -- move the log's start to its end, and trim the Redis Stream below that.
--- KEYS: the stream's five (see _prelude.lua), KEYS[6] the lease.
+-- KEYS: the stream's five (see _prelude.lua), KEYS[6] the lease,
+--   KEYS[7] the segment set of incarnation ARGV[2] (keys.segments).
 -- ARGV: 1 lease token, 2 incarnation, 3 the pending member (as staged).
 -- Returns {'ok', replaced member or ''} (a replaced file is now garbage, score
 --   -2, for the worker to delete) | {'committed'} (already recorded: a retried
@@ -10,7 +11,7 @@
 if not holds_lease() then return {'lost'} end
 local inc, member = ARGV[2], ARGV[3]
 if not incarnation(inc) then return {'missing'} end
-local segs = segs_key(inc)
+local segs = SEGS
 local score = redis.call('ZSCORE', segs, member)
 if score and tonumber(score) >= 0 then return {'committed'} end
 if score ~= '-1' then return {'missing'} end

@@ -1,8 +1,9 @@
 -- archive_forget.lua: files the worker has deleted leave the segment set
 -- (garbage, a failed staging, or every file of a dead incarnation; an empty
 -- set is gone with them).
--- KEYS: the stream's five (see _prelude.lua), KEYS[6] the lease.
+-- KEYS: the stream's five (see _prelude.lua), KEYS[6] the lease,
+--   KEYS[7] the segment set of incarnation ARGV[2] (keys.segments).
 -- ARGV: 1 lease token, 2 incarnation, 3.. members.
 -- Returns {'ok', number removed} | {'lost'} (the lease is not this worker's).
 if not holds_lease() then return {'lost'} end
-return {'ok', redis.call('ZREM', segs_key(ARGV[2]), unpack(ARGV, 3))}
+return {'ok', redis.call('ZREM', SEGS, unpack(ARGV, 3))}

@@ -1,7 +1,8 @@
 -- archive_stage.lua: the archive worker names the file it is about to write,
 -- before writing it, so a worker that crashes is retried with the same range
 -- and file name (the file is overwritten, never duplicated).
--- KEYS: the stream's five (see _prelude.lua), KEYS[6] the lease.
+-- KEYS: the stream's five (see _prelude.lua), KEYS[6] the lease,
+--   KEYS[7] the segment set of incarnation ARGV[2] (keys.segments).
 -- ARGV: 1 lease token, 2 incarnation (the stream's, or a fresh one if it has
 --   none), 3 from, 4 to, 5 first append ms, 6 last append ms, 7 file. `from`
 --   is where the log starts (meta arch, else base), or the start of the last
@@ -14,7 +15,7 @@ local inc, from, to = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local m, status = open_stream(now_ms())
 if status == 'missing' then return {'missing'} end
 if m.inc and m.inc ~= inc then return {'moved'} end
-local segs = segs_key(inc)
+local segs = SEGS
 local pending = redis.call('ZRANGEBYSCORE', segs, -1, -1)[1]
 if pending then return {'busy', pending} end
 local start = tonumber(m.arch or m.base)

@@ -5,7 +5,7 @@
 -- Returns {'deleted', source id or '', the source incarnation (meta 'src_uid')
 --   or ''} | {'soft'} | {'missing'} | {'gone'}.
 return with_stream(now_ms(), function(m)
-  redis.call('PUBLISH', CHANNEL, 'deleted')
+  publish('deleted')
   if redis.call('SCARD', FORKS) > 0 then
     redis.call('HSET', META, 'deleted', '1')
     apply_expiry(m)

@@ -3,15 +3,15 @@
 --   read refreshes a sliding TTL (GET does, HEAD does not), 4 most bytes to
 --   return inline (more: the 'bulk' answer of read_from), 5 most entries to
 --   return (bounds the script's work).
--- Returns {'ok', meta, entries, segment[, 'bulk']} with entries = {pos, data,
---   ...} from max(start, base), or none and the archived segment ('' if none)
---   holding that position when it is below the log, or none and 'bulk' (see
---   read_from) | {'missing'} | {'gone'}.
+-- Returns {'ok', meta, entries[, flag, incarnation]} with entries = {pos,
+--   data, ...} from max(start, base); or none, 'archived' and the incarnation
+--   whose segment set holds that position when it is below the log; or none and
+--   'bulk' (see read_from) | {'missing'} | {'gone'}.
 local start, budget, inline = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[4])
 local now = now_ms()
 return with_stream(now, function(m)
   if ARGV[3] == '1' then touch(m, now, math.min(1000, tonumber(m.ttl or 0) * 50)) end
-  local found = {{}, ''}
+  local found = {{}}
   if start >= 0 then
     local from = math.max(start, tonumber(m.base))
     if from < tonumber(m.tail) then

@@ -8,10 +8,10 @@
 --   of the ancestor it was made from (its entry in the fork's chain_uids, meta
 --   'uid'), or '?' for a chain written before incarnations were (any,
 --   as long as the stream exists); '' for the stream's own log (no check).
--- Returns {entries, segment[, 'bulk']}: see read_from; or {{}, '', 'lost'}:
+-- Returns {entries[, flag, incarnation]}: see read_from; or {{}, 'lost'}:
 --   the ancestor is gone, or another stream now holds its path (a weak
 --   fork's source was deleted: what the fork inherited from it is gone).
 local m, want = load_meta(), ARGV[7] or ''
-if want ~= '' and (not m or (want ~= '?' and m.uid ~= want)) then return {{}, '', 'lost'} end
+if want ~= '' and (not m or (want ~= '?' and m.uid ~= want)) then return {{}, 'lost'} end
 return read_from(m or {}, tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4] == '1',
   tonumber(ARGV[5]), tonumber(ARGV[6]))

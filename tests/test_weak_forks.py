@@ -22,6 +22,7 @@ from gateway.protocol.errors import ProtocolError
 from gateway.protocol.headers import Expiry
 from gateway.protocol.models import CreateSpec, Meta
 from gateway.storage import keys
+from gateway.storage.scripts import Scripts
 from gateway.storage.store import Store
 
 TEXT = "text/plain"
@@ -32,7 +33,7 @@ async def store(request: pytest.FixtureRequest, redis: aioredis.Redis, tmp_path)
     """A Store as the app builds one; "bulk": byte reads past 0 bytes take the XRANGE path."""
     cold = ColdReader(Archive(str(tmp_path / "archive")), 1 << 20)
     inline = 1 << 20 if request.param == "inline" else 0
-    yield Store(redis, cold, max_chunk_bytes=1000, read_inline_bytes=inline)
+    yield Store(Scripts(redis), cold, max_chunk_bytes=1000, read_inline_bytes=inline)
 
 
 def name() -> str:

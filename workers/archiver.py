@@ -49,7 +49,6 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import pyarrow as pa
-from redis.asyncio import Redis
 
 from gateway.archive.files import Archive
 from gateway.archive.schema import Row, to_table
@@ -58,9 +57,10 @@ from gateway.concurrency import backoff
 from gateway.config import Settings
 from gateway.protocol import offsets
 from gateway.storage import keys
+from gateway.storage.client import Client, general
 from gateway.storage.outcomes import UNAVAILABLE
 from gateway.storage.preflight import Preflight, reason
-from gateway.storage.scripts import Scripts
+from gateway.storage.scripts import Scripts, connect_scripts, replica_ack
 from gateway.telemetry import metrics
 from gateway.telemetry.logs import RateLimited
 
@@ -150,10 +150,11 @@ class Lease:
 class Archiver:
     def __init__(
         self,
-        redis: Redis,
+        redis: Client,
         archive: Archive,
         policy: Policy,
         *,
+        scripts: Scripts | None = None,
         interval: float = 1.0,
         reconcile_seconds: float = 60.0,
         lease_seconds: float = 30.0,
@@ -163,7 +164,7 @@ class Archiver:
         self.redis = redis
         self.archive = archive
         self.policy = policy
-        self.scripts = Scripts(redis)
+        self.scripts = scripts or Scripts(redis)  # on a cluster: connect_scripts' (routed)
         self.interval = interval
         self.reconcile_seconds = reconcile_seconds
         self.lease_seconds = lease_seconds
@@ -174,9 +175,12 @@ class Archiver:
         self.files_written = 0
 
     async def _call(self, script: str, lease: Lease, *args: Any) -> Any:
-        """Run an archive script for the lease's stream, fenced by its token."""
-        stream_keys = [*keys.stream_keys(lease.sid), keys.lease(lease.sid)]
-        return await self.scripts.call(script, stream_keys, [lease.token, *args])
+        """Run an archive script for the lease's stream, fenced by its token. Every script
+        but archive_lease takes the incarnation first, and its segment set as KEYS[7]."""
+        script_keys = [*keys.stream_keys(lease.sid), keys.lease(lease.sid)]
+        if script != "archive_lease":
+            script_keys.append(keys.segments(lease.sid, str(args[0])))
+        return await self.scripts.run(script, script_keys, [lease.token, *args])
 
     async def _fenced(self, script: str, lease: Lease, *args: Any) -> list[Any]:
         """Run a fenced script; LeaseLost if Redis says the lease is not ours."""
@@ -693,14 +697,22 @@ async def run_worker(settings: Settings, redis_url: str, stop: asyncio.Event) ->
         health.serve(settings.host, settings.metrics_port, heartbeat)
     # No socket timeout (a command may take long on a large stream), but a bounded connect;
     # a Redis that stops answering stalls the loop, which /healthz then reports.
-    client = Redis.from_url(
-        redis_url, decode_responses=False, health_check_interval=30, socket_connect_timeout=10
+    client = general(
+        redis_url, cluster=settings.redis_cluster, health_check_interval=30, socket_connect_timeout=10
+    )
+    scripts = connect_scripts(
+        redis_url,
+        cluster=settings.redis_cluster,
+        max_connections=8,  # one stream at a time: a few calls in flight at most
+        timeout=60.0,  # an XTRIM of a long log may take a while; a lost Redis shows in /healthz
+        replica_ack=replica_ack(settings.min_replicas_ack, settings.min_replicas_ack_timeout),
     )
     archiver = Archiver(
         client,
         Archive(settings.archive_location),
         policy_of(settings),
         interval=settings.archive_interval,
+        scripts=scripts,
         reconcile_seconds=settings.archive_reconcile_seconds,
         lease_seconds=settings.archive_lease_seconds,
         heartbeat=heartbeat,
@@ -711,4 +723,5 @@ async def run_worker(settings: Settings, redis_url: str, stop: asyncio.Event) ->
         log.info("archiving to %s as %s", settings.archive_location, archiver.name)
         await archiver.run(stop)
     finally:
+        await scripts.aclose()
         await client.aclose()

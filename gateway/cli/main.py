@@ -156,8 +156,8 @@ def _run_gunicorn(settings: config.Settings, redis_url: str, embedded: bool = Fa
     create_app(settings, redis_url)  # a bad setting stops the start here, not in every worker
     # Redis' checks once, here: a refusal (durability, key layout) stops the start with one
     # line, not N workers failing. An unreachable Redis does not: the workers keep trying.
-    durable, timeout = settings.require_durable, settings.redis_timeout
-    asyncio.run(preflight.try_once(redis_url, require_durable=durable, timeout=timeout))
+    cluster, durable, timeout = settings.redis_cluster, settings.require_durable, settings.redis_timeout
+    asyncio.run(preflight.try_once(redis_url, cluster=cluster, require_durable=durable, timeout=timeout))
 
     class Gateway(BaseApplication):
         def load_config(self) -> None:
@@ -194,6 +194,10 @@ def main(argv: list[str] | None = None) -> int:
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):  # e.g. /tmp/metrics in the image: may not exist yet
         os.makedirs(os.environ["PROMETHEUS_MULTIPROC_DIR"], exist_ok=True)
     settings = config.from_namespace(args)
+    problem = config.conflict(settings)
+    if problem:
+        print(f"durable-streams: error: {problem}", file=sys.stderr)
+        return 2
     logs.configure(settings.log_level, settings.log_format)
     try:
         args.run(settings)

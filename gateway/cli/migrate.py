@@ -12,14 +12,13 @@ import argparse
 import asyncio
 from typing import Any
 
-import redis.asyncio as aioredis
-
 from .. import config
 from ..storage import layout
+from ..storage.client import general
 from ..storage.preflight import reason
 from .embedded import redis_url_or_running
 
-SETTINGS = ("redis_url", "data_dir", "redis_timeout", "log_level", "log_format")
+SETTINGS = ("redis_url", "redis_cluster", "data_dir", "redis_timeout", "log_level", "log_format")
 
 
 def register(commands: argparse._SubParsersAction[Any]) -> None:
@@ -37,11 +36,11 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
 
 def run(settings: config.Settings) -> None:
     redis_url = redis_url_or_running(settings.redis_url, settings.data_dir)
-    asyncio.run(_migrate(redis_url, settings.redis_timeout))
+    asyncio.run(_migrate(redis_url, settings.redis_cluster, settings.redis_timeout))
 
 
-async def _migrate(url: str, timeout: float) -> None:
-    client = aioredis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+async def _migrate(url: str, cluster: bool, timeout: float) -> None:
+    client = general(url, cluster=cluster, socket_timeout=timeout, socket_connect_timeout=timeout)
     try:
         await layout.migrate(client, lambda line: print(line, flush=True))
     except layout.Mismatch:

@@ -24,6 +24,7 @@ from ..storage.fanout import Fanout
 from ..storage.outcomes import UNAVAILABLE
 from ..storage.preflight import Preflight
 from ..storage.ratelimit import RateLimiter
+from ..storage.scripts import connect_scripts, replica_ack
 from ..storage.store import Store
 from ..telemetry import metrics
 from ..telemetry.logs import QUIET_MALFORMED, RateLimited
@@ -255,14 +256,20 @@ def create_app(
     async def startup(app: web.Application) -> None:
         # Nothing here waits for Redis: clients connect on first use, the fan-out's
         # listener and the hints task retry by themselves.
-        client = redis_client.connect(redis_url, settings.redis_max_connections, settings.redis_timeout)
-        pubsub_client = aioredis.Redis.from_url(redis_url, decode_responses=False)
+        scripts = connect_scripts(
+            redis_url,
+            cluster=settings.redis_cluster,
+            max_connections=settings.redis_max_connections,
+            timeout=settings.redis_timeout,
+            replica_ack=replica_ack(settings.min_replicas_ack, settings.min_replicas_ack_timeout),
+        )
+        pubsub_client = redis_client.general(redis_url, cluster=settings.redis_cluster)
         cold = ColdReader(Archive(settings.archive_location), settings.archive_cache_bytes)
         store = Store(
-            client, cold, settings.max_chunk_bytes, settings.notice_payload_bytes, settings.read_inline_bytes
+            scripts, cold, settings.max_chunk_bytes, settings.notice_payload_bytes, settings.read_inline_bytes
         )
         preflight = Preflight(
-            client, persistence=True, require_durable=settings.require_durable, prepare=store.scripts.load
+            scripts.redis, persistence=True, require_durable=settings.require_durable, prepare=scripts.load
         )
         fanout = Fanout(pubsub_client)
         await fanout.start()
@@ -301,7 +308,7 @@ def create_app(
             ("access control", gw.guard.close()),
             ("archive hints", app[HINTS_TASK]),
             ("fan-out", gw.fanout.close()),
-            ("redis", gw.store.redis.aclose()),
+            ("redis", gw.store.scripts.aclose()),
         ):
             try:
                 await asyncio.wait_for(step, CLEANUP_STEP_SECONDS)

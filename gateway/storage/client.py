@@ -1,11 +1,16 @@
-"""How a gateway process connects to Redis: one bounded pool that makes callers
-wait, whose connections pack commands with hiredis."""
+"""How a process connects to Redis: for the scripts, one bounded pool per Redis
+node that makes callers wait, whose connections pack commands with hiredis
+(``connect``); for everything else, a plain redis-py client (``general``), a
+``RedisCluster`` on Redis Cluster (``--redis-cluster``), and the nodes a command
+must visit on each (``every_node``)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeAlias
 
 import redis.asyncio as aioredis
+from redis.asyncio import RedisCluster
+from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.connection import AbstractConnection
 from redis.connection import HiredisRespSerializer
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -83,3 +88,26 @@ def connect(url: str, max_connections: int, timeout: float = 5.0) -> aioredis.Re
     # The URL picks the class (TCP, TLS or Unix socket); it gets the packer on top.
     pool.connection_class = _hiredis_packing(pool.connection_class)
     return aioredis.Redis.from_pool(pool)  # owns the pool: closing the client closes its connections
+
+
+Client: TypeAlias = "aioredis.Redis | RedisCluster"
+
+
+def general(url: str, *, cluster: bool, **options: Any) -> Client:
+    """A redis-py client for commands other than the scripts (checks, hints, the
+    archive's bookkeeping: reads and idempotent writes, which redis-py may retry).
+    On a cluster ``url`` is one node's (redis-py's ``RedisCluster.from_url``): the
+    others are found from it, and a command goes to the node of its key's slot."""
+    if cluster:
+        return RedisCluster.from_url(url, **options)
+    return aioredis.Redis.from_url(url, **options)
+
+
+async def every_node(redis: Client, *, replicas: bool = False) -> list[dict[str, Any]]:
+    """The ``target_nodes`` arguments that visit every primary (and every replica, with
+    ``replicas``) of a cluster, one after the other; ``[{}]`` on a single Redis."""
+    if not isinstance(redis, RedisCluster):
+        return [{}]
+    await redis.initialize()
+    nodes: list[ClusterNode] = redis.get_nodes() if replicas else redis.get_primaries()
+    return [{"target_nodes": node} for node in nodes]

@@ -4,10 +4,10 @@
 from __future__ import annotations
 
 import logging
-
-from redis.asyncio import Redis
+from collections.abc import Callable
 
 from ..telemetry.logs import OneLineError
+from .client import Client, every_node
 
 log = logging.getLogger(__name__)
 EVICTION_FIX = "CONFIG SET maxmemory-policy noeviction (and maxmemory-policy noeviction in redis.conf)"
@@ -40,45 +40,70 @@ def assess_eviction(policy: str) -> str | None:
     )
 
 
-async def _config(redis: Redis, pattern: str) -> dict[str, str]:
-    return {_text(k): _text(v).lower() for k, v in (await redis.config_get(pattern)).items()}
+async def _config(redis: Client, pattern: str) -> list[tuple[str, dict[str, str]]]:
+    """``CONFIG GET pattern`` of every node (primaries and replicas: a replica becomes the
+    primary at a failover), as (node, settings); node '' on a single Redis."""
+    found = []
+    for target in await every_node(redis, replicas=True):
+        node = target.get("target_nodes")
+        config = await redis.config_get(pattern, **target)
+        found.append((node.name if node else "", {_text(k): _text(v).lower() for k, v in config.items()}))
+    return found
 
 
-async def check(redis: Redis, *, require: bool) -> None:
-    """Log the persistence settings; with ``require``, refuse to run on risky ones."""
-    problem: str | None
+def _on(node: str) -> str:
+    return f" on {node}" if node else ""
+
+
+async def _judge(
+    redis: Client, pattern: str, judge: Callable[[dict[str, str]], tuple[str, str | None]], unknown: str
+) -> tuple[list[str], str | None]:
+    """Each node's settings as ``judge`` describes them, and the first problem it finds
+    (a node that forbids CONFIG, as managed Redis often does: ``unknown``)."""
     try:
-        config = await _config(redis, "append*")
-        appendonly = config.get("appendonly", "")
-        appendfsync = config.get("appendfsync", "")
-    except Exception as exc:  # managed Redis often forbids CONFIG
-        problem = f"could not read persistence settings ({exc})"
-        appendonly = appendfsync = "unknown"
-    else:
-        problem = assess(appendonly, appendfsync)
-    log.info("redis persistence: appendonly=%s appendfsync=%s", appendonly, appendfsync)
+        nodes = await _config(redis, pattern)
+    except Exception as exc:
+        return ["unknown"], f"{unknown} ({exc})"
+    described, problem = [], None
+    for node, config in nodes:
+        description, found = judge(config)
+        described.append(description + _on(node))
+        if found and problem is None:
+            problem = found + _on(node)
+    return described, problem
+
+
+def _refuse_or_warn(problem: str | None, require: bool, warning: str) -> None:
     if problem is None:
         return
     if require:
         raise Refused(f"refusing to start (--require-durable): {problem}")
-    log.warning("acknowledged writes are NOT fully durable: %s", problem)
+    log.warning(warning, problem)
 
 
-async def check_eviction(redis: Redis, *, require: bool) -> None:
+async def check(redis: Client, *, require: bool) -> None:
+    """Log the persistence settings; with ``require``, refuse to run on risky ones."""
+
+    def judge(config: dict[str, str]) -> tuple[str, str | None]:
+        appendonly, appendfsync = config.get("appendonly", ""), config.get("appendfsync", "")
+        return f"appendonly={appendonly} appendfsync={appendfsync}", assess(appendonly, appendfsync)
+
+    described, problem = await _judge(redis, "append*", judge, "could not read persistence settings")
+    log.info("redis persistence: %s", "; ".join(described))
+    _refuse_or_warn(problem, require, "acknowledged writes are NOT fully durable: %s")
+
+
+async def check_eviction(redis: Client, *, require: bool) -> None:
     """Warn loudly unless Redis is set never to evict; with ``require``, refuse to run.
     A managed Redis that forbids CONFIG: said so, and (as for persistence) refused
     only under ``require``."""
-    problem: str | None
-    try:
-        policy = (await _config(redis, "maxmemory-policy")).get("maxmemory-policy", "unknown")
-    except Exception as exc:
-        policy = "unknown"
-        problem = f"could not read maxmemory-policy ({exc}): make sure it is noeviction"
-    else:
-        problem = assess_eviction(policy)
-    log.info("redis eviction: maxmemory-policy=%s", policy)
-    if problem is None:
-        return
-    if require:
-        raise Refused(f"refusing to start (--require-durable): {problem}")
-    log.warning("%s%s", "" if policy == "unknown" else "ACKNOWLEDGED DATA CAN BE LOST: ", problem)
+
+    def judge(config: dict[str, str]) -> tuple[str, str | None]:
+        policy = config.get("maxmemory-policy", "unknown")
+        return f"maxmemory-policy={policy}", assess_eviction(policy)
+
+    unknown = "could not read maxmemory-policy: make sure it is noeviction"
+    described, problem = await _judge(redis, "maxmemory-policy", judge, unknown)
+    log.info("redis eviction: %s", "; ".join(described))
+    loud = "" if problem and problem.startswith("could not") else "ACKNOWLEDGED DATA CAN BE LOST: "
+    _refuse_or_warn(problem, require, loud + "%s")

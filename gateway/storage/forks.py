@@ -37,13 +37,12 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
-from redis.asyncio import Redis
-
 from ..protocol import offsets
 from ..protocol.errors import ProtocolError, bad_request
 from ..protocol.headers import Expiry, normalize_content_type, parse_expires_at
 from ..protocol.models import LEGACY_INCARNATION, CreateSpec, InheritedRange, Meta, text
 from . import keys
+from .client import Client
 from .limits import MAX_FORK_DEPTH, MAX_FORK_SUB_MESSAGES, MAX_SCRIPT_ENTRIES
 from .reads import Reads
 from .scripts import Scripts
@@ -70,7 +69,7 @@ class ForkPlan:
 
 
 class Forks:
-    def __init__(self, redis: Redis, scripts: Scripts, reads: Reads, max_chunk_bytes: int) -> None:
+    def __init__(self, redis: Client, scripts: Scripts, reads: Reads, max_chunk_bytes: int) -> None:
         self.redis = redis
         self.scripts = scripts
         self.reads = reads

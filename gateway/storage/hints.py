@@ -18,15 +18,14 @@ import contextlib
 import logging
 import time
 
-from redis.asyncio import Redis
-
 from . import keys
+from .client import Client
 
 log = logging.getLogger(__name__)
 
 
 class Hints:
-    def __init__(self, redis: Redis, interval: float = 1.0) -> None:
+    def __init__(self, redis: Client, interval: float = 1.0) -> None:
         self.redis = redis
         self.interval = interval
         self.enabled = True

@@ -1,10 +1,9 @@
 """Redis key names, in one place (the Lua scripts get them in KEYS, except as noted).
 
 A stream's keys share one hash tag, ``{<stream id>}``, so they hash to one Redis
-Cluster slot. The gateway talks to one Redis primary, and two things would not
-run on a cluster unchanged: a batched append (append.lua) carries the keys of
-several streams, and the archive scripts build the segment set's name inside
-Lua (``segs_key`` in lua/_prelude.lua: same hash tag, but not passed in KEYS).
+Cluster slot, and every key a script touches comes to it in KEYS (no script
+builds a key name: tests/test_scripts_keys.py checks). The keys of no stream
+(archive hints and index, the layout version) are each in a slot of their own.
 The stream id is its path with ``%``, ``{`` and ``}`` percent-encoded:
 readable in ``redis-cli``, reversible, and unable to close the hash tag early.
 """
@@ -81,7 +80,9 @@ ARCHIVE_RECONCILE = f"{PREFIX}:archive:reconcile"  # who scans for lost hints an
 # The key layout's version, an integer (storage/layout.py): set once, by the first process
 # to start on a Redis without it, and raised only by `durable-streams migrate`.
 LAYOUT = f"{PREFIX}:layout"
-LAYOUT_LOCK = f"{PREFIX}:layout:lock"  # held (with an expiry) while `migrate` runs its steps
+# Held (with an expiry) while `migrate` runs its steps. Its hash tag is LAYOUT's whole
+# name, so the two share a Redis Cluster slot: migrate WATCHes both in one transaction.
+LAYOUT_LOCK = f"{{{LAYOUT}}}:lock"
 
 
 def split_segments_key(key: str) -> tuple[str, str]:

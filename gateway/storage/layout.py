@@ -27,17 +27,17 @@ import contextlib
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 
-from redis.asyncio import Redis
 from redis.exceptions import WatchError
 
 from ..telemetry.logs import OneLineError
 from . import keys
+from .client import Client, every_node
 
 CURRENT = 1  # the newest layout this build reads and writes
 PRE_VERSIONING = 1  # the layout of data written before the marker existed
 LOCK_SECONDS = 60.0  # the migration lock's expiry, renewed every third of it while steps run
 
-Step = Callable[[Redis], Awaitable[None]]
+Step = Callable[[Client], Awaitable[None]]
 # STEPS[v]: turns layout v into v + 1 (its docstring says what, for migrate's output).
 STEPS: dict[int, Step] = {}
 
@@ -60,28 +60,30 @@ def _version(raw: bytes | str) -> int:
 SCAN_PAGES = 100  # at most this many SCAN pages (of 1,000) look for keys of ours at start
 
 
-async def _has_our_keys(redis: Redis) -> bool:
-    """Whether any key of ours is there. SCAN stops at the first one found, but on a Redis
-    shared with many keys of others it could walk them all at every start: after
-    SCAN_PAGES pages, say yes (the safe answer: at worst this build asks for `migrate`,
-    it never takes old data for new)."""
-    if not await redis.dbsize():
-        return False
-    cursor, pages = 0, 0
-    while True:
-        cursor, found = await redis.scan(cursor, match=f"{keys.PREFIX}:*", count=1000)
-        for key in found:
-            name = key.decode() if isinstance(key, bytes) else key
-            if name not in (keys.LAYOUT, keys.LAYOUT_LOCK):
+async def _has_our_keys(redis: Client) -> bool:
+    """Whether any key of ours is there (on any primary of a cluster). SCAN stops at the
+    first one found, but on a Redis shared with many keys of others it could walk them
+    all at every start: after SCAN_PAGES pages, say yes (the safe answer: at worst this
+    build asks for `migrate`, it never takes old data for new)."""
+    for target in await every_node(redis):
+        if not await redis.dbsize(**target):
+            continue
+        cursor, pages = 0, 0
+        while True:
+            cursor, found = await redis.scan(cursor, match=f"{keys.PREFIX}:*", count=1000, **target)
+            for key in found:
+                name = key.decode() if isinstance(key, bytes) else key
+                if name not in (keys.LAYOUT, keys.LAYOUT_LOCK):
+                    return True
+            pages += 1
+            if not cursor:
+                break
+            if pages >= SCAN_PAGES:
                 return True
-        pages += 1
-        if not cursor:
-            return False
-        if pages >= SCAN_PAGES:
-            return True
+    return False
 
 
-async def stamp(redis: Redis, current: int = CURRENT) -> int:
+async def stamp(redis: Client, current: int = CURRENT) -> int:
     """The layout version Redis holds, first set if there is none."""
     raw = await redis.get(keys.LAYOUT)
     if raw is None:
@@ -110,7 +112,7 @@ def verdict(found: int, current: int = CURRENT) -> str | None:
     return None
 
 
-async def check(redis: Redis, current: int = CURRENT) -> int:
+async def check(redis: Client, current: int = CURRENT) -> int:
     """At start: the version Redis holds (stamped if new); Mismatch unless it is ``current``."""
     found = await stamp(redis, current)
     problem = verdict(found, current)
@@ -120,7 +122,7 @@ async def check(redis: Redis, current: int = CURRENT) -> int:
 
 
 async def migrate(
-    redis: Redis,
+    redis: Client,
     say: Callable[[str], None],
     *,
     current: int = CURRENT,
@@ -160,7 +162,7 @@ async def migrate(
     return found
 
 
-async def _raise_version(redis: Redis, token: str, version: int) -> int:
+async def _raise_version(redis: Client, token: str, version: int) -> int:
     """Set the version, only while the lock is still ours (a stalled migration whose lock
     expired must not overwrite the work of the one that took over)."""
     async with redis.pipeline(transaction=True) as pipe:
@@ -179,7 +181,7 @@ async def _raise_version(redis: Redis, token: str, version: int) -> int:
     return version
 
 
-async def _renew(redis: Redis, token: str, seconds: float) -> None:
+async def _renew(redis: Client, token: str, seconds: float) -> None:
     while True:
         await asyncio.sleep(seconds / 3)
         with contextlib.suppress(Exception):  # a failed renewal shows when the version is raised
@@ -188,7 +190,7 @@ async def _renew(redis: Redis, token: str, seconds: float) -> None:
                 await redis.pexpire(keys.LAYOUT_LOCK, int(seconds * 1000))
 
 
-async def _release(redis: Redis, token: str) -> None:
+async def _release(redis: Client, token: str) -> None:
     """Delete the lock if it is still ours."""
     with contextlib.suppress(Exception):  # it expires anyway
         async with redis.pipeline(transaction=True) as pipe:

@@ -21,12 +21,11 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
-import redis.asyncio as aioredis
-from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from ..concurrency import backoff
 from . import durability, layout
+from .client import Client, general
 
 log = logging.getLogger(__name__)
 REFUSALS = (durability.Refused, layout.Mismatch)
@@ -44,7 +43,7 @@ class Preflight:
 
     def __init__(
         self,
-        redis: Redis,
+        redis: Client,
         *,
         persistence: bool = False,
         require_durable: bool = False,
@@ -102,11 +101,11 @@ class Preflight:
         return True
 
 
-async def try_once(url: str, *, require_durable: bool, timeout: float) -> bool:
+async def try_once(url: str, *, cluster: bool, require_durable: bool, timeout: float) -> bool:
     """The checks once, on a connection of their own (a gunicorn master, before it forks
     its workers): True if they passed, False if Redis could not be used (logged);
     refusals raised."""
-    client = aioredis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+    client = general(url, cluster=cluster, socket_timeout=timeout, socket_connect_timeout=timeout)
     try:
         preflight = Preflight(client, persistence=True, require_durable=require_durable)
         if await preflight.attempt():

@@ -18,7 +18,9 @@ same Redis for the stream itself.
 
 from __future__ import annotations
 
+import asyncio
 import functools
+from typing import Any
 
 from ..concurrency.batching import Batcher
 from ..protocol.quotas import RateRule
@@ -46,8 +48,19 @@ class RateLimiter:
         return await self._batcher.submit("", take)
 
     async def _take_batch(self, _: str, takes: list[_Take]) -> list[float]:
+        """One rate_limit.lua call per hash slot of the batch's buckets (one on a
+        single Redis; on Redis Cluster a call's keys must share a slot), together."""
+        parts = self.scripts.by_slot(list(range(len(takes))), lambda i: takes[i][0])
+        waits: list[float] = [0.0] * len(takes)
+        replies_by_part = await asyncio.gather(*(self._take(takes, part) for part in parts))
+        for part, replies in zip(parts, replies_by_part, strict=True):
+            for i, ms in zip(part, replies, strict=True):
+                waits[i] = int(ms) / 1000
+        return waits
+
+    async def _take(self, takes: list[_Take], part: list[int]) -> list[Any]:
         args: list[float] = []
-        for _key, rate, burst, cost in takes:
+        for i in part:
+            _key, rate, burst, cost = takes[i]
             args += (rate, burst, cost)
-        waits = await self.scripts.run("rate_limit", [key for key, *_ in takes], args)
-        return [int(ms) / 1000 for ms in waits]
+        return list(await self.scripts.run("rate_limit", [takes[i][0] for i in part], args))

@@ -13,9 +13,10 @@ or another stream holds its path, the inherited range answers 410.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
 
 from ..archive.cold import ColdReader
 from ..archive.segments import Segment as ArchivedSegment
@@ -26,9 +27,14 @@ from ..protocol.models import LEGACY_INCARNATION, Chunk, Entry, InheritedRange, 
 from . import keys
 from .limits import MAX_READ_ENTRIES, MAX_SCRIPT_ENTRIES
 from .outcomes import dropped, inherited_gone, not_found
+from .routing import ClusterRoute, DirectRoute, Route
 from .scripts import Scripts, timed
 
 _UNLIMITED = 2**50
+
+
+def _as_sent(response: Any, **options: Any) -> Any:
+    return response
 
 
 def _pairs(flat: list[Any]) -> list[Entry]:
@@ -41,14 +47,20 @@ class _Lost(Exception):
 
 class Reads:
     def __init__(
-        self, redis: Redis, scripts: Scripts, cold: ColdReader, max_chunk_bytes: int, read_inline_bytes: int
+        self, scripts: Scripts, cold: ColdReader, max_chunk_bytes: int, read_inline_bytes: int
     ) -> None:
         self.scripts = scripts
         # Bulk reads (see bulk) take XRANGE replies as Redis sends them, not parsed
         # into a dict per entry (40,000 small entries: 56 ms instead of 91).
-        self._raw = Redis(connection_pool=redis.connection_pool)
-        for command in ("XRANGE", "XREVRANGE"):
-            self._raw.set_response_callback(command, lambda response, **options: response)
+        raw = {command: _as_sent for command in ("XRANGE", "XREVRANGE")}
+        self._bulk: Route
+        if isinstance(scripts.route, ClusterRoute):
+            self._bulk = scripts.route.with_callbacks(raw)
+        else:
+            client = Redis(connection_pool=cast(Redis, scripts.redis).connection_pool)
+            for command, callback in raw.items():
+                client.set_response_callback(command, callback)
+            self._bulk = DirectRoute(client)
         self.cold = cold
         self.max_chunk_bytes = max_chunk_bytes
         self.read_inline_bytes = read_inline_bytes
@@ -140,7 +152,8 @@ class Reads:
                     "read_range", sid, pos, hi, budget, "1" if whole else "0",
                     min(max_entries, MAX_SCRIPT_ENTRIES), inline, incarnation,
                 )  # fmt: skip
-            hot, member, flag = _pairs(found[0]), text(found[1]), text(found[2]) if len(found) > 2 else ""
+            hot, flag = _pairs(found[0]), text(found[1]) if len(found) > 1 else ""
+            member = await self._segment(sid, text(found[2]), pos) if flag == "archived" else ""
             found = None
             if flag == "lost":
                 raise _Lost
@@ -174,6 +187,21 @@ class Reads:
                 break  # the log answered all it could up to the budget
         return out
 
+    async def _segment(self, sid: str, incarnation: str, pos: int) -> str:
+        """The committed segment of ``incarnation`` whose range starts at or below ``pos``
+        ('' if none: dropped by retention). Looked up after the script, which only says
+        where: the set's name holds the incarnation, which the caller learns from the
+        script, and every key a script touches must be in its KEYS (Redis Cluster).
+        Committed segments only ever grow by merging, so one found later still holds
+        ``pos`` unless retention dropped it (then none is found: 410)."""
+        if not incarnation:
+            return ""
+        found = await timed(
+            "read_segment",
+            self.scripts.redis.zrevrangebyscore(keys.segments(sid, incarnation), pos, 0, start=0, num=1),
+        )
+        return text(found[0]) if found else ""
+
     async def bulk(
         self,
         sid: str,
@@ -194,12 +222,14 @@ class Reads:
         """
         meta_key, log_key = keys.stream_keys(sid)[:2]
         count = min(max_entries, MAX_READ_ENTRIES)
-        async with self._raw.pipeline(transaction=True) as pipe:
+
+        def queue(pipe: Pipeline) -> None:
             pipe.xrevrange(log_key, offsets.entry_id(pos), "-", count=1)  # the entry holding pos
             if count > 1:
                 pipe.xrange(log_key, "(" + offsets.entry_id(pos), offsets.entry_id(end - 1), count=count - 1)
             pipe.hmget(meta_key, "created", "uid")
-            replies = await timed("read_bulk", pipe.execute())
+
+        replies = await timed("read_bulk", self._bulk.pipeline(meta_key, queue, transaction=True))
         first, (now_created, now_uid) = replies[0], replies[-1]
         rest = replies[1] if count > 1 else []
         if created is not None and (now_created is None or text(now_created) != created):

@@ -4,22 +4,35 @@ They ship as the package ``durable_streams_lua``: the repository's ``lua/``
 directory, mapped to that name in pyproject.toml, read with importlib.resources
 (from the source tree in an editable install, from the wheel otherwise). Each
 script gets ``_prelude.lua`` put in front of it, so shared helpers are written
-once. redis-py's Script object runs EVALSHA and loads the script again by
-itself if the server has forgotten it (a restart, a failover).
+once. A script that Redis has forgotten (a restart, a failover, a node that
+never had it) is loaded again and called again: ``NOSCRIPT`` means it did not run.
+
+On one Redis without ``--min-replicas-ack``, a script is one EVALSHA on the
+pool (redis-py's Script object). Otherwise it goes through a ``Route``
+(routing.py): to the node serving its keys' slot on Redis Cluster, followed on
+the same connection, for a write, by ``WAIT`` (or ``WAITAOF``) for the replicas
+(``ReplicaAck``).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass
 from importlib import resources
-from typing import Any
+from typing import Any, TypeVar, cast
 
-from redis.asyncio import Redis
+from redis.asyncio import Redis, RedisCluster
+from redis.asyncio.client import Pipeline
 from redis.commands.core import AsyncScript
+from redis.crc import key_slot
+from redis.exceptions import NoScriptError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..telemetry import metrics
 from . import keys
+from .client import connect
+from .routing import ClusterRoute, DirectRoute, Route
 
 PACKAGE = "durable_streams_lua"
 NAMES = (
@@ -30,7 +43,8 @@ NAMES = (
     "delete",
     "fork_ref",
     "release_fork",
-    # the archive worker's (KEYS: the stream's five and its lease; fenced by the lease)
+    # the archive worker's (KEYS: the stream's five, its lease and (not archive_lease)
+    # its incarnation's segment set; fenced by the lease)
     "archive_lease",
     "archive_named",
     "archive_stage",
@@ -38,15 +52,24 @@ NAMES = (
     "archive_forget",
     "archive_check",
     "archive_retain",
-    # KEYS: one token bucket (keys.rate_bucket), no stream's; see storage/ratelimit.py
+    # KEYS: token buckets (keys.rate_bucket), no stream's; see storage/ratelimit.py
     "rate_limit",
 )
+# Scripts whose writes a client is told of: with --min-replicas-ack they wait for the
+# replicas. Not the reads (a sliding TTL's refresh may be lost with a failover), nor
+# rate_limit (its buckets are not replicated at all).
+WRITES = frozenset(NAMES) - {"read", "read_range", "archive_named", "archive_check", "rate_limit"}
+_CLUSTER_MARK = "local CLUSTER = false --[[cluster]]"
 
 
-def source(name: str) -> str:
-    """A script's text as Redis gets it: the prelude, then the script."""
+def source(name: str, cluster: bool = False) -> str:
+    """A script's text as Redis gets it: the prelude, then the script. ``cluster``:
+    notices go out with sharded pub/sub where the server has it (``publish``)."""
     folder = resources.files(PACKAGE)
-    return (folder / "_prelude.lua").read_text() + "\n" + (folder / f"{name}.lua").read_text()
+    prelude = (folder / "_prelude.lua").read_text()
+    if cluster:
+        prelude = prelude.replace(_CLUSTER_MARK, "local CLUSTER = true")
+    return prelude + "\n" + (folder / f"{name}.lua").read_text()
 
 
 async def timed(name: str, call: Awaitable[Any]) -> Any:
@@ -61,34 +84,160 @@ async def timed(name: str, call: Awaitable[Any]) -> Any:
         metrics.child(metrics.REDIS_SECONDS, name).observe(time.perf_counter() - started)
 
 
-class Scripts:
-    """Every script, registered on one client."""
+class NotReplicated(RedisTimeoutError):
+    """``--min-replicas-ack``: the write is on the primary, but fewer replicas than
+    required confirmed it in time. Its outcome is unknown to the client: a failover
+    now could lose it (an append answers 504, as for a Redis timeout). Counted in
+    ``ds_redis_errors_total{error="NotReplicated"}``."""
 
-    def __init__(self, redis: Redis) -> None:
+
+@dataclass(frozen=True)
+class ReplicaAck:
+    """Acknowledge a write only once ``replicas`` replicas have it (``WAIT``), or have
+    it on disk (``WAITAOF``, Redis 7.2+), within ``timeout_ms``."""
+
+    replicas: int
+    timeout_ms: int
+    aof: bool = False  # WAITAOF: the servers have it (chosen by Scripts.load)
+
+    def queue(self, pipe: Pipeline) -> None:
+        if self.aof:
+            pipe.execute_command("WAITAOF", 0, self.replicas, self.timeout_ms)
+        else:
+            pipe.execute_command("WAIT", self.replicas, self.timeout_ms)
+
+    def confirmed(self, reply: Any) -> int:
+        """How many replicas confirmed, from WAIT's or WAITAOF's reply."""
+        return int(reply[1]) if self.aof else int(reply)
+
+
+def replica_ack(replicas: int, timeout_seconds: float) -> ReplicaAck | None:
+    """``--min-replicas-ack`` and its timeout, as a ReplicaAck (None: 0, do not wait)."""
+    return ReplicaAck(replicas, max(1, round(timeout_seconds * 1000))) if replicas else None
+
+
+def supports_waitaof(version: str) -> bool:
+    """WAITAOF came with Redis 7.2."""
+    major, minor = (int(part) for part in (version.split(".") + ["0"])[:2])
+    return (major, minor) >= (7, 2)
+
+
+Item = TypeVar("Item")
+
+
+class Scripts:
+    """Every script, registered on one client (and routed by ``route``)."""
+
+    def __init__(
+        self,
+        redis: Redis | RedisCluster,
+        route: Route | None = None,
+        *,
+        replica_ack: ReplicaAck | None = None,
+    ) -> None:
         self._redis = redis
-        self._scripts: dict[str, AsyncScript] = {n: redis.register_script(source(n)) for n in NAMES}
+        self.cluster = isinstance(redis, RedisCluster)
+        if self.cluster and route is None:
+            raise ValueError("a Redis Cluster needs a ClusterRoute")
+        self.route: Route = route or DirectRoute(cast(Redis, redis))
+        self.replica_ack = replica_ack
+        self._scripts: dict[str, AsyncScript] = {
+            n: redis.register_script(source(n, self.cluster)) for n in NAMES
+        }
+        # One Redis, no replicas to wait for: redis-py's EVALSHA, the shortest path.
+        self._direct = not self.cluster and replica_ack is None
 
     @property
-    def redis(self) -> Redis:
-        """The client the scripts run on."""
+    def redis(self) -> Redis | RedisCluster:
+        """The client for commands other than scripts."""
         return self._redis
 
     async def load(self) -> None:
-        """Load every script now, so the first request does not pay for it."""
+        """Load every script now (on every primary of a cluster), so the first request
+        does not pay for it; and see whether the servers have WAITAOF."""
         for script in self._scripts.values():
             script.sha = await self._redis.script_load(script.script)
+        if self.replica_ack is not None:
+            if self.cluster:
+                info = await self._redis.info("server", target_nodes=RedisCluster.PRIMARIES)
+                versions = [str(node_info["redis_version"]) for node_info in info.values()]
+            else:
+                versions = [str((await self._redis.info("server"))["redis_version"])]
+            aof = all(supports_waitaof(v) for v in versions)
+            if aof != self.replica_ack.aof:
+                self.replica_ack = ReplicaAck(self.replica_ack.replicas, self.replica_ack.timeout_ms, aof)
+
+    async def aclose(self) -> None:
+        """Close the client and, on a cluster, the nodes' pools."""
+        if isinstance(self.route, ClusterRoute):
+            await self.route.aclose()
+        await self._redis.aclose()
 
     def shas(self) -> list[str]:
         return [script.sha for script in self._scripts.values()]
 
-    async def call(self, name: str, keys: list[str], args: list[Any], client: Any = None) -> Any:
-        """Run a script (or, with a pipeline as ``client``, queue it there)."""
-        return await self._scripts[name](keys=keys, args=args, client=client)
+    async def call(self, name: str, script_keys: list[str], args: Sequence[Any]) -> Any:
+        """Run a script on the node serving its keys (all of one slot)."""
+        script = self._scripts[name]
+        if self._direct:
+            return await script(keys=script_keys, args=list(args))
+        ack = self.replica_ack if name in WRITES else None
 
-    async def run(self, name: str, script_keys: list[str], args: list[Any]) -> Any:
+        def queue(pipe: Pipeline) -> None:
+            pipe.evalsha(script.sha, len(script_keys), *script_keys, *args)
+            if ack is not None:
+                ack.queue(pipe)
+
+        replies = await self.route.pipeline(script_keys[0], queue, raise_on_error=False)
+        if isinstance(replies[0], NoScriptError):  # it did not run: load it there, run it again
+            await self.route.pipeline(script_keys[0], lambda pipe: pipe.script_load(script.script))
+            replies = await self.route.pipeline(script_keys[0], queue, raise_on_error=False)
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        if ack is not None and ack.confirmed(replies[1]) < ack.replicas:
+            raise NotReplicated(
+                f"{name}: {ack.confirmed(replies[1])} of {ack.replicas} replicas confirmed "
+                f"within {ack.timeout_ms} ms (--min-replicas-ack)"
+            )
+        return replies[0]
+
+    async def run(self, name: str, script_keys: list[str], args: Sequence[Any]) -> Any:
         """Run a script, timed and counted in the metrics."""
         return await timed(name, self.call(name, script_keys, args))
 
     async def on_stream(self, name: str, sid: str, *args: Any) -> Any:
         """Run a script on one stream's keys (``keys.stream_keys``), timed."""
         return await self.run(name, keys.stream_keys(sid), list(args))
+
+    def by_slot(self, items: Sequence[Item], key: Any) -> list[list[Item]]:
+        """``items`` split so that each part's keys (``key(item)``) share a Redis
+        Cluster slot, in order within each part; on one Redis, one part."""
+        if not self.cluster:
+            return [list(items)]
+        parts: dict[int, list[Item]] = {}
+        for item in items:
+            parts.setdefault(key_slot(key(item).encode()), []).append(item)
+        return list(parts.values())
+
+
+def connect_scripts(
+    url: str,
+    *,
+    cluster: bool,
+    max_connections: int,
+    timeout: float,
+    replica_ack: ReplicaAck | None = None,
+) -> Scripts:
+    """The scripts on the Redis at ``url`` (on the cluster ``url`` is a node of),
+    through bounded pools (``client.connect``). Nothing connects until first used."""
+    if not cluster:
+        return Scripts(connect(url, max_connections, timeout), replica_ack=replica_ack)
+    redis = RedisCluster.from_url(
+        url,
+        max_connections=max_connections,
+        socket_timeout=timeout,
+        socket_connect_timeout=timeout,
+    )
+    route = ClusterRoute(redis, url, max_connections, timeout)
+    return Scripts(redis, route, replica_ack=replica_ack)

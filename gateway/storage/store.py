@@ -1,24 +1,24 @@
 """The Store: every stream operation the HTTP handlers call, on Redis.
 
 Most operations are one script call on one stream's keys (one hash tag, see
-keys.py). The exceptions:
+keys.py), so each runs on the one Redis Cluster node serving the stream. The
+exceptions:
 - appends go to Redis in batches (``appends.py``): one append.lua call may
-  carry appends to several streams, so its keys span hash slots;
-- a large read of a byte stream fetches its data after the script, with a
-  MULTI of plain XRANGE on the same stream (``reads.py``);
+  carry appends to several streams of one hash slot (a batch is split by slot);
+- a read below the Redis log finds its archived segment after the script, and
+  a large read of a byte stream fetches its data after the script, with a MULTI
+  of plain XRANGE on the same stream (``reads.py``);
 - fork creation, fork deletion and reads of a fork's inherited range are
-  sequences of single-stream steps (``forks.py``, ``reads.py``); the comments
-  at each step say why an interruption between steps is harmless.
-The gateway talks to one Redis primary: on Redis Cluster, batches would have
-to be grouped by slot first. This module builds the parts above and holds
-create and delete; appends and reads are passed on to their modules.
+  sequences of single-stream steps (``forks.py``, ``reads.py``): a fork and its
+  source may be on different nodes; the comments at each step say why an
+  interruption between steps is harmless.
+This module builds the parts above and holds create and delete; appends and
+reads are passed on to their modules.
 """
 
 from __future__ import annotations
 
 import json
-
-from redis.asyncio import Redis
 
 from ..archive.cold import ColdReader
 from ..protocol.errors import ProtocolError
@@ -35,16 +35,16 @@ from .scripts import Scripts
 class Store:
     def __init__(
         self,
-        redis: Redis,
+        scripts: Scripts,
         cold: ColdReader,
         max_chunk_bytes: int,
         notice_payload_bytes: int = 8192,
         read_inline_bytes: int = 64 * 1024,
     ) -> None:
-        self.redis = redis
-        self.scripts = Scripts(redis)
+        self.scripts = scripts
+        self.redis = redis = scripts.redis
         self.hints = Hints(redis)
-        self.reads = Reads(redis, self.scripts, cold, max_chunk_bytes, read_inline_bytes)
+        self.reads = Reads(scripts, cold, max_chunk_bytes, read_inline_bytes)
         self.appends = Appends(self.scripts, self.hints, notice_payload_bytes)
         self.forks = Forks(redis, self.scripts, self.reads, max_chunk_bytes)
         # Appends and reads are the collaborators' own methods, bound here: no wrapper that

@@ -10,7 +10,9 @@ stream in bulk (--read-inline-bytes 0: data by plain XRANGE, with the log
 trimmed under it all the time). With --auth the gateway runs with access
 control on (a token file; the suite sends an admin token with every request,
 see conformance.test.mjs) and rate limits high enough never to refuse, so every
-request also goes through the token check and the Redis token bucket. The npm packages are
+request also goes through the token check and the Redis token bucket. With
+--cluster the gateway (and the worker) use a Redis Cluster of 3 primaries and 3
+replicas started on loopback (tests/cluster.py) instead. The npm packages are
 installed here on first use (versions pinned in package.json). Exits with the
 suite's status.
 """
@@ -48,12 +50,25 @@ def main() -> int:
     parser.add_argument("--base-url", help="test a running gateway instead of starting one")
     parser.add_argument("--archive", action="store_true", help="run an archive worker at hot window 0")
     parser.add_argument("--auth", action="store_true", help="access control and rate limits on")
+    parser.add_argument("--cluster", action="store_true", help="on a Redis Cluster (3 primaries, 3 replicas)")
     args = parser.parse_args()
     if args.base_url:
         return run_suite(args.base_url)
     if shutil.which("npx") is None:
         sys.exit("conformance: npx (Node 18+) is required")
     sys.path.insert(0, str(HERE.parent.parent))  # the repo root, for loadtest.servers
+    if not args.cluster:
+        return _run(args, [])
+    from tests.cluster import start_cluster
+
+    folder = tempfile.TemporaryDirectory(prefix="conformance-cluster-")
+    with folder, start_cluster(folder.name) as cluster:
+        print(f"conformance: on a Redis Cluster, seed {cluster.seed_url}")
+        return _run(args, ["--redis-url", cluster.seed_url, "--redis-cluster"])
+
+
+def _run(args: argparse.Namespace, redis: list[str]) -> int:
+    """The suite against a gateway started here; ``redis``: its Redis options (none: embedded)."""
     from loadtest.servers import archive_worker, start
 
     # A fresh embedded Redis; a short long-poll timeout keeps the suite's timeout tests quick.
@@ -65,13 +80,13 @@ def main() -> int:
         tokens = Path(folder, "tokens.json")
         tokens.write_text(json.dumps({"tokens": [{"name": "suite", "token": token, "grants": "admin:"}]}))
         extra += ["--auth-tokens-file", str(tokens), "--rate-limits", "write:=100000/s read:=100000/s"]
-    with start("ours", "--long-poll-timeout", "3", *extra) as gateway:
+    with start("ours", "--long-poll-timeout", "3", *redis, *extra) as gateway:
         base_url = gateway.base_url.removesuffix("/v1/stream")
         if not args.archive:
             return run_suite(base_url, token)
         hot_window_0 = ["--archive-hot-bytes", "0", "--archive-hot-seconds", "0", "--archive-min-bytes", "0",
                         "--archive-max-delay", "0", "--archive-interval", "0.05"]  # fmt: skip
-        with archive_worker(gateway, *hot_window_0):
+        with archive_worker(gateway, *redis, *hot_window_0):
             status = run_suite(base_url, token)
         files = len(list(Path(gateway.data_dir, "archive").rglob("*.parquet")))
         print(f"conformance: the archive worker wrote {files} files during the suite")
