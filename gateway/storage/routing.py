@@ -49,6 +49,7 @@ from redis.asyncio.cluster import ClusterNode
 from redis.crc import key_slot
 from redis.exceptions import AskError, ClusterDownError, MovedError, SlotNotCoveredError, TryAgainError
 
+from ..telemetry import metrics
 from ..telemetry.logs import RateLimited
 from .client import NotSent, connect
 
@@ -57,6 +58,7 @@ limited = RateLimited(log, every=30.0)
 
 Queue = Callable[[Pipeline], object]  # puts commands on a pipeline
 _NOT_RUN = (MovedError, AskError, TryAgainError, ClusterDownError)  # answers of commands that did not run
+_REASONS = {MovedError: "moved", AskError: "ask", TryAgainError: "tryagain", ClusterDownError: "clusterdown"}
 _REFRESH_SECONDS = 0.2  # at most one slot map refresh per this long (a failover makes every call ask)
 
 
@@ -187,6 +189,7 @@ class ClusterRoute:
                     return replies
                 error = replies[0]
             asking = None
+            metrics.REDIS_RETRIES.labels(_REASONS.get(type(error), "unreachable")).inc()
             if isinstance(error, MovedError):
                 await self.cluster.nodes_manager.move_slot(error)
                 continue  # no pause: the new owner answers

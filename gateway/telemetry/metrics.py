@@ -65,6 +65,11 @@ REDIS_SECONDS = Histogram(
     buckets=_FAST,
 )
 REDIS_ERRORS = Counter("ds_redis_errors_total", "Failed script calls", ["script", "error"])
+REDIS_RETRIES = Counter(
+    "ds_redis_cluster_retries_total",
+    "Redis Cluster calls sent again because they did not run: moved, ask, tryagain, clusterdown, unreachable",
+    ["reason"],
+)
 
 # The archive worker's. No label per worker: a worker's name (host:pid) is new after
 # every restart, so it made a new series each time; the pod's own labels tell pods apart.

@@ -1,0 +1,112 @@
+"""``--min-replicas-ack N``: a write is acknowledged only once N replicas have it.
+
+One Redis primary of the test's own with one replica (``REPLICAOF``); the replica
+is paused (SIGSTOP) to stop it confirming. The cluster side (a failover losing, or
+not, what the primary alone had) is in tests/test_cluster.py. Plus the pure parts:
+the setting's checks, WAIT or WAITAOF by server version, and node URLs.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+import redis
+
+from gateway.cli.embedded import EmbeddedRedis
+from gateway.config import Settings, conflict
+from gateway.storage.routing import node_url
+from gateway.storage.scripts import ReplicaAck, replica_ack, supports_waitaof
+
+from .conftest import own_redis_server, read_all, redis_server_binary, start_gateway
+
+TEXT = {"Content-Type": "text/plain"}
+
+
+@pytest.fixture
+def primary_and_replica(tmp_path: Path) -> Iterator[tuple[EmbeddedRedis, EmbeddedRedis]]:
+    redis_server_binary("needs redis-server binaries for a primary and its replica")
+    with own_redis_server(tmp_path / "primary") as primary, own_redis_server(tmp_path / "replica") as replica:
+        with redis.Redis(port=replica.port) as c:
+            c.replicaof("127.0.0.1", primary.port)
+        deadline = time.monotonic() + 20
+        with redis.Redis(port=primary.port) as c:
+            while c.info("replication")["connected_slaves"] < 1 or c.wait(1, 100) < 1:
+                assert time.monotonic() < deadline, "the replica never caught up"
+                time.sleep(0.05)
+        yield primary, replica
+
+
+async def test_writes_wait_for_the_replica(
+    primary_and_replica: tuple[EmbeddedRedis, EmbeddedRedis], http: aiohttp.ClientSession
+) -> None:
+    primary, replica = primary_and_replica
+    server = await start_gateway(primary.url, min_replicas_ack=1, min_replicas_ack_timeout=0.3)
+    base = str(server.make_url("/v1/stream"))
+    try:
+        url = f"{base}/acked"
+        async with http.put(url, headers=TEXT) as r:
+            assert r.status == 201
+        async with http.post(url, data=b"one;", headers=TEXT) as r:
+            assert r.status in (200, 204)
+        with redis.Redis(port=replica.port) as c:  # acknowledged: the replica has it already
+            assert c.hget("ds:{acked}:meta", "tail") == b"4"
+        assert replica.process is not None
+        os.kill(replica.process.pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            async with http.post(url, data=b"two;", headers=TEXT) as r:
+                assert r.status == 504, await r.text()  # stored on the primary, not confirmed
+                assert "outcome unknown" in await r.text()
+            assert time.monotonic() - started < 5  # the wait is bounded by the timeout
+            async with http.put(f"{base}/unconfirmed", headers=TEXT) as r:
+                assert r.status == 503  # a create (idempotent: retry it) is not confirmed either
+            async with http.get(url, params={"offset": "-1"}) as r:  # reads do not wait
+                assert r.status == 200
+        finally:
+            os.kill(replica.process.pid, signal.SIGCONT)
+        async with http.post(url, data=b"three;", headers=TEXT) as r:
+            assert r.status in (200, 204)
+        assert await read_all(http, url) == b"one;two;three;"  # the 504 was stored, as it said it may be
+    finally:
+        await server.close()
+
+
+async def test_without_replicas_no_write_is_acknowledged(tmp_path: Path, http: aiohttp.ClientSession) -> None:
+    redis_server_binary()
+    with own_redis_server(tmp_path / "alone") as alone:
+        server = await start_gateway(alone.url, min_replicas_ack=1, min_replicas_ack_timeout=0.1)
+        try:
+            async with http.put(str(server.make_url("/v1/stream/lonely")), headers=TEXT) as r:
+                assert r.status == 503
+        finally:
+            await server.close()
+
+
+def test_settings() -> None:
+    assert replica_ack(0, 1.0) is None
+    assert replica_ack(2, 0.25) == ReplicaAck(2, 250)
+    assert conflict(Settings(min_replicas_ack=1)) is not None  # the embedded Redis has no replicas
+    assert conflict(Settings(redis_cluster=True)) is not None  # a cluster needs its address
+    assert conflict(Settings(redis_cluster=True, redis_url="unix:///tmp/r.sock")) is not None
+    assert conflict(Settings(redis_cluster=True, redis_url="redis://h:7000", min_replicas_ack=1)) is None
+
+
+def test_wait_or_waitaof() -> None:
+    assert not supports_waitaof("7.0.15") and not supports_waitaof("6.2.14")
+    assert supports_waitaof("7.2.4") and supports_waitaof("8.0.0")
+    assert ReplicaAck(1, 100).confirmed(1) == 1
+    assert ReplicaAck(1, 100, aof=True).confirmed([1, 0]) == 0  # [local fsyncs, replica fsyncs]
+
+
+def test_node_urls_keep_credentials_and_scheme() -> None:
+    assert node_url("redis://127.0.0.1:7000", "10.0.0.2", 7001) == "redis://10.0.0.2:7001"
+    assert node_url("rediss://u:p@seed:7000/0?ssl_cert_reqs=none", "n2", 7002) == (
+        "rediss://u:p@n2:7002/0?ssl_cert_reqs=none"
+    )
+    assert node_url("redis://seed:7000", "::1", 7003) == "redis://[::1]:7003"
