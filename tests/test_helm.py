@@ -74,7 +74,8 @@ def test_every_values_file_renders_and_validates(case: str) -> None:
 
 def test_the_matrix_covers_what_users_install() -> None:
     names = {p.name for p in EXAMPLES} | {p.name for p in CASES.glob("*.yaml")}
-    assert {"production.yaml", "laptop.yaml", "archive-s3.yaml", "auth.yaml", "admin-port-off.yaml"} <= names
+    assert {"production.yaml", "laptop.yaml", "archive-s3.yaml", "auth.yaml", "admin-port-off.yaml",
+            "redis-cluster.yaml"} <= names  # fmt: skip
     laptop = render([CHART / "examples" / "laptop.yaml"])
     assert laptop.get("StatefulSet", "t-durable-streams-redis")
     production = render([CHART / "examples" / "production.yaml"])
@@ -337,6 +338,25 @@ def test_upgrades_migrate_the_key_layout_first() -> None:
     assert container["args"] == ["migrate"]
     assert container["env"][0]["name"] == "DURABLE_STREAMS_REDIS_URL"
     assert not render((), {**REDIS, "migrations.enabled": "false"}).of_kind("Job")
+
+
+def test_a_redis_cluster_with_replica_acks_reaches_every_command() -> None:
+    """externalRedis.cluster and minReplicasAck become the settings of gateways, workers
+    and the migrate hook; the chart's own single Redis refuses them."""
+    rendered = render([CASES / "redis-cluster.yaml"])
+    data = rendered.get("ConfigMap", "t-durable-streams-settings")["data"]
+    assert data["DURABLE_STREAMS_REDIS_CLUSTER"] == "true"
+    assert data["DURABLE_STREAMS_MIN_REPLICAS_ACK"] == "1"
+    assert data["DURABLE_STREAMS_MIN_REPLICAS_ACK_TIMEOUT"] == "0.5"
+    job = rendered.get("Job", "t-durable-streams-migrate")
+    env = {e["name"]: e.get("value") for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["DURABLE_STREAMS_REDIS_CLUSTER"] == "true"
+    for wrong in (
+        {"redis.enabled": "true", "externalRedis.cluster": "true"},
+        {"redis.enabled": "true", "minReplicasAck": "1"},
+    ):
+        with pytest.raises(RenderError, match="external Redis"):
+            render((), wrong)
 
 
 def test_image_digests_pin_images() -> None:

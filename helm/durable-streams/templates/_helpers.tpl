@@ -289,6 +289,12 @@ topologySpreadConstraints:
 {{- if not (or .Values.redis.enabled $external) -}}
 {{- fail "the gateways need Redis: set externalRedis.url (redis://host:6379/0), externalRedis.existingSecret, or redis.enabled=true for the chart's own" -}}
 {{- end -}}
+{{- if and .Values.redis.enabled (or .Values.externalRedis.cluster .Values.minReplicasAck) -}}
+{{- fail "the chart's own Redis (redis.enabled) is one node without replicas: externalRedis.cluster and minReplicasAck need an external Redis" -}}
+{{- end -}}
+{{- if and .Values.externalRedis.cluster (hasPrefix "unix://" .Values.externalRedis.url) -}}
+{{- fail "externalRedis.cluster needs a redis:// or rediss:// url: cluster nodes are found by address" -}}
+{{- end -}}
 {{- if and .Values.redis.enabled (not .Values.redis.maxmemory) -}}
 {{- fail "redis.maxmemory is required with redis.enabled (about 75% of redis.resources.limits.memory)" -}}
 {{- end -}}
