@@ -19,6 +19,10 @@ echo "== conformance suite (@durable-streams/server-conformance-tests)"
 .venv/bin/python tests/conformance/run.py
 echo "== conformance suite again: access control + rate limits on, archive worker at hot window 0 (reads from Parquet), bulk reads"
 .venv/bin/python tests/conformance/run.py --archive --auth
+echo "== conformance suite on a Redis Cluster (3 primaries, 3 replicas on loopback)"
+.venv/bin/python tests/conformance/run.py --cluster
+echo "== conformance suite on a Redis Cluster again: access control + rate limits, archive worker at hot window 0"
+.venv/bin/python tests/conformance/run.py --cluster --archive --auth
 
 echo "== pytest"
 .venv/bin/python -m pytest -rs "$@"   # -rs: say why anything was skipped (e.g. no helm)
