@@ -462,4 +462,6 @@ def conflict(settings: Settings) -> str | None:
         return "--redis-cluster needs a redis:// or rediss:// --redis-url: cluster nodes are found by address"
     if settings.min_replicas_ack and not url:
         return "--min-replicas-ack needs --redis-url: the embedded Redis has no replicas"
+    if settings.min_replicas_ack and settings.min_replicas_ack_timeout >= settings.redis_timeout:
+        return "--min-replicas-ack-timeout must be below --redis-timeout (the wait is part of the call)"
     return None

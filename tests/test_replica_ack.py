@@ -95,6 +95,8 @@ def test_settings() -> None:
     assert conflict(Settings(redis_cluster=True)) is not None  # a cluster needs its address
     assert conflict(Settings(redis_cluster=True, redis_url="unix:///tmp/r.sock")) is not None
     assert conflict(Settings(redis_cluster=True, redis_url="redis://h:7000", min_replicas_ack=1)) is None
+    slow = Settings(redis_url="redis://h:7", min_replicas_ack=1, min_replicas_ack_timeout=5, redis_timeout=5)
+    assert conflict(slow) is not None  # the socket would time out first
 
 
 def test_wait_or_waitaof() -> None:

@@ -47,7 +47,14 @@ from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.client import Pipeline
 from redis.asyncio.cluster import ClusterNode
 from redis.crc import key_slot
-from redis.exceptions import AskError, ClusterDownError, MovedError, SlotNotCoveredError, TryAgainError
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    MovedError,
+    RedisError,
+    SlotNotCoveredError,
+    TryAgainError,
+)
 
 from ..telemetry import metrics
 from ..telemetry.logs import RateLimited
@@ -132,7 +139,10 @@ class ClusterRoute:
 
     async def _owner(self, slot: int) -> ClusterNode:
         if not self._ready:
-            await self.cluster.initialize()
+            try:
+                await self.cluster.initialize()
+            except (RedisError, OSError) as exc:  # no node answered: nothing was sent
+                raise NotSent(f"redis cluster: {exc}") from exc
             self._ready = True
         try:
             return self.cluster.nodes_manager.get_node_from_slot(slot)
@@ -167,7 +177,7 @@ class ClusterRoute:
         slot = key_slot(key.encode())
         deadline = loop.time() + self._timeout
         asking: tuple[str, int] | None = None
-        pause = 0.005
+        pause, redirected = 0.005, 0
         while True:
             error: Exception
             try:
@@ -190,21 +200,23 @@ class ClusterRoute:
                 error = replies[0]
             asking = None
             metrics.REDIS_RETRIES.labels(_REASONS.get(type(error), "unreachable")).inc()
-            if isinstance(error, MovedError):
-                await self.cluster.nodes_manager.move_slot(error)
-                continue  # no pause: the new owner answers
-            if isinstance(error, AskError) and not transaction:
-                asking = (error.host, error.port)
-                continue
-            # TRYAGAIN, CLUSTERDOWN, ASK inside a transaction (no ASKING before MULTI:
-            # wait for the move to end), nobody reachable: wait, then ask again.
+            redirected += 1
             if loop.time() + pause > deadline:
                 if isinstance(error, NotSent):
                     raise error
                 raise NotSent(f"redis cluster: {error}") from error
+            if isinstance(error, MovedError):
+                await self.cluster.nodes_manager.move_slot(error)
+                if redirected == 1:
+                    continue  # the new owner answers at once; bounced again: pause below
+            elif isinstance(error, AskError) and not transaction:
+                asking = (error.host, error.port)
+                continue
+            # TRYAGAIN, CLUSTERDOWN, ASK inside a transaction (no ASKING before MULTI:
+            # wait for the move to end), nobody reachable, moved again: wait, ask again.
             await asyncio.sleep(pause)
             pause = min(pause * 2, 0.1)
-            if isinstance(error, ClusterDownError):
+            if isinstance(error, (ClusterDownError, MovedError)):
                 await self.refresh()
 
     async def _send(
