@@ -1,10 +1,14 @@
 """One pub/sub channel's waiting readers, and what a batch of notices does for them.
 
 Readers register through ``Fanout.watch`` (``fanout.py``) and wait on a
-``Watch``. A reader that is caught up can *park* a Sink while it waits: for a
-notice that carries its data and starts at the sink's position, the listener
-writes to the sink itself (one frame built per notice, one socket write per
-reader) and the reader's task is not woken at all. Anything else (a gap, a
+``Watch``. A channel is *confirmed* while Redis holds its subscription (on one
+connection of the process: ``listener.py``); a reader that registers before
+the confirmation, or while the channel moves, re-reads when it comes.
+
+A reader that is caught up can *park* a Sink while it waits: for a notice
+that carries its data and starts at the sink's position, the listener writes
+to the sink itself (one frame built per notice, one socket write per reader)
+and the reader's task is not woken at all. Anything else (a gap, a
 large append, a deleted stream, a slow client, a closed stream) wakes the
 task, which then reads.
 """
@@ -46,6 +50,24 @@ class Channel:
     notified_at: float = 0.0  # time.monotonic() of the last notice or (re)subscription
     recent: notices.Recent = field(default_factory=notices.Recent)
     parked: dict[asyncio.Event, Sink] = field(default_factory=dict)
+
+    def confirm(self) -> None:
+        """Redis confirmed the subscription (a first one, or after a reconnect or a move to
+        another cluster node): every reader re-reads, as anything published while we were
+        not subscribed is unknown, and only now can nothing more slip by."""
+        self.recent.clear()
+        self.notified_at = time.monotonic()
+        if not self.confirmed.done():
+            self.confirmed.set_result(None)
+        for event in self.waiters:
+            event.set()
+
+    def unconfirm(self) -> None:
+        """The subscription is gone (connection lost, or the channel is moving to another
+        cluster node): nothing reaches the channel until it is confirmed again."""
+        self.recent.clear()
+        if self.confirmed.done():
+            self.confirmed = asyncio.get_running_loop().create_future()
 
     def deliver(self, batch: list[notices.Notice | None]) -> None:
         """Serve parked sinks from consecutive notices; wake every other waiter.

@@ -1,23 +1,19 @@
-"""Live-read wake-ups: one pub/sub connection per process, one subscription
-per stream shared by all of this process's waiting readers.
+"""Live-read wake-ups: one subscription per stream shared by all of this
+process's waiting readers.
 
-append.lua (appends, closes) and delete.lua PUBLISH on the stream's channel
+append.lua (appends, closes) and delete.lua publish on the stream's channel
 (``protocol/notices.py``). A reader registers (``watch``) *before* it re-reads
 the stream, and ``watch`` returns once Redis has confirmed the channel's
-subscription on the current connection (or after 5 s without Redis), so an
-append can never fall between the reader's last look and its wait. Every
-confirmation wakes the channel's readers to re-read.
+subscription (or after 5 s without Redis), so an append can never fall between
+the reader's last look and its wait. Every confirmation wakes the channel's
+readers to re-read (``Channel.confirm``).
 
-One task, the listener, owns the connection: it alone sends SUBSCRIBE,
-UNSUBSCRIBE and PING, so nothing races it. ``watch`` only registers a new
-channel and nudges the listener, which subscribes every registered channel
-not yet asked for on this connection (a batch at a time) before it reads on.
-After a (re)connect every registered channel is asked for again; confirmations
-then wake every reader to re-read whatever was published meanwhile. The
-listener PINGs after ``health_seconds`` of silence and gives the connection up
-if another ``health_seconds`` pass without a word from Redis (connecting is
-bounded the same way): a stopped Redis or a dead network path looks like
-that, not like an error.
+The subscriptions themselves are made by listeners (``listener.py``), each the
+sole owner of one pub/sub connection: with a single Redis one listener for
+every channel; with a Redis Cluster (``shards.py``) one per shard primary, each
+channel on the connection of the primary serving its hash slot, moved with
+the slot. Either way the channels live in one dict here, so readers do not see
+the difference.
 
 Subscriptions linger a while after their last reader leaves, so a long-poll
 client that comes straight back finds its stream still subscribed. A channel
@@ -32,62 +28,53 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
-import time
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol
 
-from redis.asyncio import Redis
+from redis.asyncio import Redis, RedisCluster
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from ..protocol import notices
 from ..telemetry import metrics
-from ..telemetry.logs import RateLimited
 from . import keys
 from .channels import Channel, Watch
+from .listener import Listener
+from .shards import Shards
 
 if TYPE_CHECKING:
     from redis.asyncio.connection import AbstractConnection
 
-log = logging.getLogger(__name__)
-limited = RateLimited(log, every=30.0)
 _CONFIRM_WAIT_SECONDS = 5.0
-_MAX_BATCH = 512
-_SUBSCRIBE_BATCH = 1000  # channels per SUBSCRIBE / UNSUBSCRIBE command
-_BUSY_SECONDS = 0.02  # a dispatch longer than this makes the listener pace itself
 
 
-async def _buffered(connection: AbstractConnection) -> bool:
-    """Whether a pub/sub reply is already waiting (redis-py 8 renamed the check)."""
-    check = getattr(connection, "can_read", None) or connection.can_read_destructive
-    return await check()
+class _Subscriber(Protocol):
+    """Where channels get subscribed: one listener, or the shards of a cluster."""
 
-
-def _push(reply: Any) -> tuple[str, str, Any] | None:
-    """(kind, channel, payload) of a pub/sub push; None for anything else (PONG)."""
-    if not isinstance(reply, list) or len(reply) != 3:
-        return None
-    kind, name, payload = reply
-    kind = kind.decode() if isinstance(kind, bytes) else kind
-    name = name.decode() if isinstance(name, bytes) else name
-    return kind, name, payload
+    def add(self, name: str, channel: Channel) -> None: ...
+    def forget(self, name: str) -> None: ...
+    async def run(self) -> None: ...
 
 
 class Fanout:
-    def __init__(self, redis: Redis, linger_seconds: float = 30.0, health_seconds: float = 5.0) -> None:
+    def __init__(
+        self, redis: Redis | RedisCluster, linger_seconds: float = 30.0, health_seconds: float = 5.0
+    ) -> None:
         self._redis = redis
         self._linger = linger_seconds
-        self._health = health_seconds
         self._channels: dict[str, Channel] = {}
         self._idle: dict[str, float] = {}  # channels without readers -> since when, oldest first
-        self._unsent: set[str] = set()  # registered, not yet asked for on this connection
-        self._reading: asyncio.Timeout | None = None  # set while the listener waits for Redis
+        self._expiry: asyncio.TimerHandle | None = None  # when the oldest idle channel is due
+        self._subscriber: _Subscriber
+        if isinstance(redis, RedisCluster):
+            self._subscriber = Shards(redis, self._channels, health_seconds)
+        else:
+            # The listener shares our dict: with one connection, every channel is its own.
+            self._subscriber = Listener(self._channels, self._connection, health_seconds)
         self._task: asyncio.Task[None] | None = None
         self.stopping = False
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="fanout")
+        self._task = asyncio.create_task(self._subscriber.run(), name="fanout")
 
     def stop_waiters(self) -> None:
         """Graceful shutdown: every live reader wakes and finishes its response."""
@@ -97,8 +84,11 @@ class Fanout:
                 event.set()
 
     async def close(self) -> None:
-        """Stop the listener and close the pub/sub client (the fan-out owns it)."""
+        """Stop the listeners and close the pub/sub client (the fan-out owns it)."""
         self.stop_waiters()
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
         if self._task:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -113,8 +103,7 @@ class Fanout:
             channel = Channel(asyncio.get_running_loop().create_future())
             self._channels[name] = channel
             metrics.SUBSCRIPTIONS.set(len(self._channels))
-            self._unsent.add(name)
-            self._nudge()
+            self._subscriber.add(name, channel)
         self._idle.pop(name, None)
         event = asyncio.Event()
         channel.waiters.add(event)
@@ -126,45 +115,16 @@ class Fanout:
         finally:
             channel.waiters.discard(event)
             if not channel.waiters:
-                if not self._idle:
-                    self._nudge()  # the listener's wait may outlast this channel's linger
-                self._idle[name] = asyncio.get_running_loop().time()
+                loop = asyncio.get_running_loop()
+                self._idle[name] = loop.time()
+                if self._expiry is None:
+                    self._expiry = loop.call_at(loop.time() + self._linger, self._expire)
 
-    def _nudge(self) -> None:
-        """Cut the listener's wait for Redis short: it has (un)subscribing to do."""
-        reading = self._reading
-        if reading is not None and not reading.expired():
-            reading.reschedule(asyncio.get_running_loop().time())
-
-    def _dispatch(self, messages: list[tuple[str, str, Any]]) -> None:
-        """Handle pub/sub messages in arrival order, notices grouped per channel."""
-        batches: dict[str, list[notices.Notice | None]] = {}
-        for kind, name, payload in messages:
-            if kind == "message":
-                if name in self._channels:
-                    batches.setdefault(name, []).append(notices.parse(payload))
-                continue
-            if kind != "subscribe":
-                continue
-            # A channel dropped before its first confirmation and registered again may
-            # take the old SUBSCRIBE's answer for its own: harmless, as its own answer
-            # wakes its readers again, after the gap the UNSUBSCRIBE left.
-            channel = self._channels.get(name)
-            if channel is None:
-                continue
-            if name in batches:  # keep the order: earlier notices first
-                channel.deliver(batches.pop(name))
-            channel.recent.clear()  # what was published while we were away is unknown
-            channel.notified_at = time.monotonic()
-            if not channel.confirmed.done():
-                channel.confirmed.set_result(None)
-            for event in channel.waiters:
-                event.set()
-        for name, batch in batches.items():
-            self._channels[name].deliver(batch)
-
-    def _expired(self, now: float) -> list[str]:
-        """Forget channels idle for longer than the linger; return their names."""
+    def _expire(self) -> None:
+        """Forget channels idle for longer than the linger, then wait for the next one."""
+        self._expiry = None
+        loop = asyncio.get_running_loop()
+        now = loop.time()
         expired = []
         for name, since in self._idle.items():  # oldest first
             if now - since < self._linger:
@@ -173,116 +133,19 @@ class Fanout:
         for name in expired:
             del self._idle[name]
             del self._channels[name]
+            self._subscriber.forget(name)
         if expired:
             metrics.SUBSCRIPTIONS.set(len(self._channels))
-        return expired
-
-    async def _send(self, connection: AbstractConnection, *args: str) -> None:
-        if not connection.is_connected:
-            # redis-py would reconnect on its own, to a connection without our subscriptions.
-            raise ConnectionError("pub/sub connection closed")
-        async with asyncio.timeout(self._health):
-            await connection.send_command(*args, check_health=False)
-
-    async def _read(self, connection: AbstractConnection, wait: float) -> Any:
-        """The next reply, or None after ``wait`` seconds or when nudged."""
-        reading = asyncio.timeout(None)
-        try:
-            async with reading:
-                self._reading = reading
-                return await connection.read_response(
-                    timeout=wait, disconnect_on_error=False, push_request=True
-                )
-        except TimeoutError:
-            if reading.expired():
-                return None
-            raise
-        finally:
-            self._reading = None
-
-    async def _listen(self, connection: AbstractConnection) -> None:
-        """Serve one connection until it fails."""
-        loop = asyncio.get_running_loop()
-        heard = pinged = loop.time()  # the last reply from Redis; the last PING sent
-        while True:
-            now = loop.time()
-            expired = self._expired(now)
-            dropped = [name for name in expired if name not in self._unsent]  # asked for on this connection
-            self._unsent.difference_update(expired)
-            for i in range(0, len(dropped), _SUBSCRIBE_BATCH):
-                await self._send(connection, "UNSUBSCRIBE", *dropped[i : i + _SUBSCRIBE_BATCH])
-            if self._unsent:
-                names = [self._unsent.pop() for _ in range(min(len(self._unsent), _SUBSCRIBE_BATCH))]
-                await self._send(connection, "SUBSCRIBE", *names)
-            if pinged > heard:  # a PING is out
-                if now - pinged >= self._health:
-                    raise ConnectionError(f"no answer to PING in {now - pinged:.1f}s")
-            elif now - heard >= self._health:
-                await self._send(connection, "PING")
-                pinged = now
-            if self._unsent:
-                wait = 0.0  # more to subscribe: only take what has arrived meanwhile
-            else:
-                deadline = (pinged if pinged > heard else heard) + self._health
-                if self._idle:
-                    deadline = min(deadline, next(iter(self._idle.values())) + self._linger)
-                wait = max(deadline - now, 0.0)
-            reply = await self._read(connection, wait)
-            batch = []
-            while reply is not None:  # take what queued up while we were busy
-                heard = loop.time()
-                message = _push(reply)
-                if message is not None:
-                    batch.append(message)
-                if len(batch) >= _MAX_BATCH or not await _buffered(connection):
-                    break
-                reply = await connection.read_response(
-                    timeout=self._health, disconnect_on_error=False, push_request=True
-                )
-            if batch:
-                began = loop.time()
-                self._dispatch(batch)
-                busy = loop.time() - began
-                if busy > _BUSY_SECONDS:
-                    # Under heavy fan-out, rest as long as we worked: appends, new
-                    # readers and heartbeats keep half the loop, and the notices
-                    # that queue up meanwhile go out together in the next batch.
-                    await asyncio.sleep(busy)
+        if self._idle:
+            oldest = next(iter(self._idle.values()))
+            self._expiry = loop.call_at(oldest + self._linger, self._expire)
 
     def _connection(self) -> AbstractConnection:
-        """A connection of our own, unconnected. Our timeouts bound every wait,
-        and this loop does the retrying: redis-py's retries would reconnect
-        without our subscriptions, and its socket timeout makes sends use
-        ``wait_for``, which on Python 3.11 can swallow the cancel that stops us."""
+        """A connection of our own to the single Redis, unconnected. Our timeouts bound
+        every wait, and the listener does the retrying: redis-py's retries would reconnect
+        without our subscriptions, and its socket timeout makes sends use ``wait_for``,
+        which on Python 3.11 can swallow the cancel that stops us."""
+        assert isinstance(self._redis, Redis)
         pool = self._redis.connection_pool
         options = {**pool.connection_kwargs, "socket_timeout": None, "retry": Retry(NoBackoff(), 0)}
         return pool.connection_class(**options)
-
-    async def _run(self) -> None:
-        backoff = 0.1
-        while True:
-            # A new connection holds no subscriptions: every channel must be confirmed
-            # again, and readers wake on that confirmation.
-            self._unsent = set(self._channels)
-            connection = self._connection()
-            try:
-                async with asyncio.timeout(self._health):
-                    await connection.connect()
-                backoff = 0.1
-                await self._listen(connection)
-            except asyncio.CancelledError:
-                with contextlib.suppress(Exception):
-                    await connection.disconnect(nowait=True)
-                raise
-            except Exception as exc:  # rate-limited: Redis away for long is not a line a second
-                message = "pub/sub connection lost (%r); reconnecting in %.1fs"
-                limited.log(logging.WARNING, "lost", message, exc, backoff)
-            with contextlib.suppress(Exception):
-                await connection.disconnect(nowait=True)
-            loop = asyncio.get_running_loop()
-            for channel in self._channels.values():
-                channel.recent.clear()
-                if channel.confirmed.done():
-                    channel.confirmed = loop.create_future()
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 5.0)

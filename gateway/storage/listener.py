@@ -1,0 +1,295 @@
+"""One pub/sub connection: the channels subscribed on it, and the task that
+owns it (``Listener.run``).
+
+The task alone sends (UN)SUBSCRIBE and PING on the connection, so nothing
+races it. ``add`` and ``forget`` only note what is wanted and nudge the task,
+which unsubscribes what was forgotten, then subscribes what is new (a batch at
+a time) before it reads on. After a (re)connect every channel is asked for
+again; the confirmations then wake every reader to re-read whatever was
+published meanwhile (``Channel.confirm``). The task PINGs after
+``health_seconds`` of silence and gives the connection up if another
+``health_seconds`` pass without a word from Redis (connecting is bounded the
+same way): a stopped Redis or a dead network path looks like that, not like
+an error.
+
+A single Redis has one listener serving every channel of the process
+(``fanout.py``); a Redis Cluster has one per shard primary (``shards.py``
+routes the channels; ``shard_listener.py`` adds sharded pub/sub and the
+node's own unsubscriptions and redirects).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from redis.exceptions import ResponseError
+
+from ..protocol import notices
+from ..telemetry.logs import RateLimited
+from .channels import Channel
+
+if TYPE_CHECKING:
+    from redis.asyncio.connection import AbstractConnection
+
+log = logging.getLogger(__name__)
+limited = RateLimited(log, every=30.0)
+_MAX_BATCH = 512
+SUBSCRIBE_BATCH = 1000  # channels per SUBSCRIBE / UNSUBSCRIBE command
+_BUSY_SECONDS = 0.02  # a dispatch longer than this makes the listener pace itself
+
+Command = tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """The commands and push kinds of one flavour of pub/sub."""
+
+    subscribe: str
+    unsubscribe: str
+    message: str
+    confirm: str  # the push that confirms a subscription
+    dropped: str  # the push that ends one (our UNSUBSCRIBE's answer, or the server's own)
+
+
+CLASSIC = Dialect("SUBSCRIBE", "UNSUBSCRIBE", "message", "subscribe", "unsubscribe")
+SHARDED = Dialect("SSUBSCRIBE", "SUNSUBSCRIBE", "smessage", "ssubscribe", "sunsubscribe")
+
+
+async def _buffered(connection: AbstractConnection) -> bool:
+    """Whether a pub/sub reply is already waiting (redis-py 8 renamed the check)."""
+    check = getattr(connection, "can_read", None) or connection.can_read_destructive
+    return await check()
+
+
+def _push(reply: Any) -> tuple[str, str, Any] | None:
+    """(kind, channel, payload) of a pub/sub push; None for anything else (PONG, an error)."""
+    if not isinstance(reply, list) or len(reply) != 3:
+        return None
+    kind, name, payload = reply
+    kind = kind.decode() if isinstance(kind, bytes) else kind
+    name = name.decode() if isinstance(name, bytes) else name
+    return kind, name, payload
+
+
+class Listener:
+    """The channels subscribed on one connection, and the task that owns it.
+
+    ``channels`` may be the fan-out's own dict (one Redis: this listener serves
+    every channel, and the fan-out adds and removes them), or one of the
+    listener's own (a cluster node: only the channels of its slots).
+    ``connection`` makes a connection of our own, unconnected: our timeouts
+    bound every wait and ``run`` does the retrying (redis-py's retries would
+    reconnect without our subscriptions).
+    """
+
+    def __init__(
+        self,
+        channels: dict[str, Channel],
+        connection: Callable[[], AbstractConnection],
+        health_seconds: float,
+        label: str = "pub/sub",
+    ) -> None:
+        self.channels = channels
+        self._connection = connection  # a new connection of our own, unconnected
+        self._health = health_seconds
+        self._label = label  # names the connection in logs
+        self._dialect = CLASSIC
+        self._unsent: set[str] = set()  # to subscribe: not yet asked for on this connection
+        self._leaving: list[str] = []  # to unsubscribe: forgotten after being asked for here
+        self._reading: asyncio.Timeout | None = None  # set while the task waits for Redis
+
+    # -- what is wanted (called by the fan-out, never awaiting) ---------------------------
+
+    def add(self, name: str, channel: Channel) -> None:
+        """Subscribe ``channel`` here; its readers wake on the confirmation."""
+        self.channels[name] = channel
+        self._unsent.add(name)
+        self._nudge()
+
+    def forget(self, name: str) -> None:
+        """Unsubscribe a channel nobody reads any more (already gone from the fan-out's dict:
+        a reader arriving now registers it afresh, and its SUBSCRIBE follows the UNSUBSCRIBE)."""
+        self.channels.pop(name, None)
+        if name in self._unsent:
+            self._unsent.discard(name)  # never asked for on this connection
+        else:
+            self._leaving.append(name)
+            self._nudge()
+
+    def _nudge(self) -> None:
+        """Cut the task's wait for Redis short: it has (un)subscribing to do."""
+        reading = self._reading
+        if reading is not None and not reading.expired():
+            reading.reschedule(asyncio.get_running_loop().time())
+
+    # -- hooks for sharded pub/sub (shard_listener.py) ------------------------------------
+
+    async def _handshake(self, connection: AbstractConnection) -> Dialect:
+        """The pub/sub flavour to use on a new connection."""
+        return CLASSIC
+
+    def _subscribing(self, names: list[str]) -> list[Command]:
+        return [(self._dialect.subscribe, *names)]  # at most SUBSCRIBE_BATCH names
+
+    def _unsubscribing(self, names: list[str]) -> list[Command]:
+        command = self._dialect.unsubscribe
+        return [(command, *names[i : i + SUBSCRIBE_BATCH]) for i in range(0, len(names), SUBSCRIBE_BATCH)]
+
+    def _unsubscribed(self, name: str) -> None:
+        """An unsubscription push. With one Redis it only ever answers our UNSUBSCRIBE."""
+
+    def _refused(self, error: ResponseError) -> None:
+        """An error reply. With one Redis none is expected: give the connection up."""
+        raise error
+
+    def _lost(self) -> None:
+        """The connection is gone, with every subscription on it."""
+        for channel in self.channels.values():
+            channel.unconfirm()
+
+    # -- the task -------------------------------------------------------------------------
+
+    def _dispatch(self, messages: list[tuple[str, str, Any]]) -> None:
+        """Handle pub/sub messages in arrival order, notices grouped per channel."""
+        channels = self.channels
+        message, confirm = self._dialect.message, self._dialect.confirm
+        batches: dict[str, list[notices.Notice | None]] = {}
+        for kind, name, payload in messages:
+            if kind == message:
+                if name in channels:
+                    batches.setdefault(name, []).append(notices.parse(payload))
+                continue
+            if kind != confirm:
+                if kind == self._dialect.dropped:
+                    if name in batches:  # heard while subscribed: theirs before anything else
+                        channels[name].deliver(batches.pop(name))
+                    self._unsubscribed(name)
+                continue
+            # A channel dropped before its first confirmation and registered again may
+            # take the old SUBSCRIBE's answer for its own: harmless, as its own answer
+            # wakes its readers again, after the gap the UNSUBSCRIBE left.
+            channel = channels.get(name)
+            if channel is None:
+                continue
+            if name in batches:  # keep the order: earlier notices first
+                channel.deliver(batches.pop(name))
+            channel.confirm()
+        for name, batch in batches.items():
+            channels[name].deliver(batch)
+
+    async def _send(self, connection: AbstractConnection, commands: Sequence[Command]) -> None:
+        if not connection.is_connected:
+            # redis-py would reconnect on its own, to a connection without our subscriptions.
+            raise ConnectionError("pub/sub connection closed")
+        async with asyncio.timeout(self._health):
+            if len(commands) == 1:
+                await connection.send_command(*commands[0], check_health=False)
+            else:
+                await connection.send_packed_command(connection.pack_commands(commands), check_health=False)
+
+    async def _read(self, connection: AbstractConnection, wait: float) -> Any:
+        """The next reply, or None after ``wait`` seconds or when nudged."""
+        reading = asyncio.timeout(None)
+        try:
+            async with reading:
+                self._reading = reading
+                return await connection.read_response(
+                    timeout=wait, disconnect_on_error=False, push_request=True
+                )
+        except TimeoutError:
+            if reading.expired():
+                return None
+            raise
+        finally:
+            self._reading = None
+
+    async def _listen(self, connection: AbstractConnection) -> None:
+        """Serve one connection until it fails."""
+        loop = asyncio.get_running_loop()
+        heard = pinged = loop.time()  # the last reply from Redis; the last PING sent
+        while True:
+            now = loop.time()
+            if self._leaving:
+                leaving, self._leaving = self._leaving, []
+                await self._send(connection, self._unsubscribing(leaving))
+            if self._unsent:
+                names = [self._unsent.pop() for _ in range(min(len(self._unsent), SUBSCRIBE_BATCH))]
+                await self._send(connection, self._subscribing(names))
+            if pinged > heard:  # a PING is out
+                if now - pinged >= self._health:
+                    raise ConnectionError(f"no answer to PING in {now - pinged:.1f}s")
+            elif now - heard >= self._health:
+                await self._send(connection, [("PING",)])
+                pinged = now
+            if self._unsent:
+                wait = 0.0  # more to subscribe: only take what has arrived meanwhile
+            else:
+                wait = max((pinged if pinged > heard else heard) + self._health - now, 0.0)
+            try:
+                reply = await self._read(connection, wait)
+            except ResponseError as error:
+                self._refused(error)
+                reply = error  # an answer all the same: Redis is there
+            batch = []
+            while reply is not None:  # take what queued up while we were busy
+                heard = loop.time()
+                message = _push(reply)
+                if message is not None:
+                    batch.append(message)
+                if len(batch) >= _MAX_BATCH or not await _buffered(connection):
+                    break
+                try:
+                    reply = await connection.read_response(
+                        timeout=self._health, disconnect_on_error=False, push_request=True
+                    )
+                except ResponseError as error:
+                    if batch:  # what came before the error first
+                        self._dispatch(batch)
+                        batch = []
+                    self._refused(error)
+                    reply = error
+            if batch:
+                began = loop.time()
+                self._dispatch(batch)
+                busy = loop.time() - began
+                if busy > _BUSY_SECONDS:
+                    # Under heavy fan-out, rest as long as we worked: appends, new
+                    # readers and heartbeats keep half the loop, and the notices
+                    # that queue up meanwhile go out together in the next batch.
+                    await asyncio.sleep(busy)
+
+    def _begin(self) -> None:
+        """A new connection holds no subscriptions: every channel must be confirmed
+        again, and readers wake on that confirmation."""
+        self._unsent = set(self.channels)
+        self._leaving = []
+
+    async def run(self) -> None:
+        """Connect, serve, and after a failure reconnect (with backoff), until cancelled."""
+        backoff = 0.1
+        while True:
+            self._begin()
+            connection = self._connection()
+            try:
+                async with asyncio.timeout(self._health):
+                    await connection.connect()
+                    self._dialect = await self._handshake(connection)
+                backoff = 0.1
+                await self._listen(connection)
+            except asyncio.CancelledError:
+                with contextlib.suppress(Exception):
+                    await connection.disconnect(nowait=True)
+                raise
+            except Exception as exc:  # rate-limited: Redis away for long is not a line a second
+                message = "%s connection lost (%r); reconnecting in %.1fs"
+                limited.log(logging.WARNING, f"lost {self._label}", message, self._label, exc, backoff)
+            with contextlib.suppress(Exception):
+                await connection.disconnect(nowait=True)
+            self._lost()
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 5.0)
