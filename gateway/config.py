@@ -460,6 +460,8 @@ def conflict(settings: Settings) -> str | None:
         return "--redis-cluster needs --redis-url (a node of the cluster); the embedded Redis is one node"
     if settings.redis_cluster and urlsplit(url).scheme == "unix":
         return "--redis-cluster needs a redis:// or rediss:// --redis-url: cluster nodes are found by address"
+    if settings.redis_cluster and urlsplit(url).path not in ("", "/", "/0"):
+        return "--redis-cluster: a Redis Cluster has database 0 only; drop the /<db> from --redis-url"
     if settings.min_replicas_ack and not url:
         return "--min-replicas-ack needs --redis-url: the embedded Redis has no replicas"
     if settings.min_replicas_ack and settings.min_replicas_ack_timeout >= settings.redis_timeout:

@@ -375,3 +375,63 @@ async def append_records(
         else:
             history.unknown.setdefault(name, set()).add(record)
     return statuses
+
+
+async def test_no_node_reachable_is_not_sent() -> None:
+    """A cluster nobody answers for: nothing was sent, so the caller may say 503 and retry."""
+    from gateway.storage.client import NotSent
+    from gateway.storage.scripts import connect_scripts
+
+    from .conftest import free_port
+
+    scripts = connect_scripts(f"redis://127.0.0.1:{free_port()}", cluster=True, max_connections=2, timeout=1)
+    try:
+        with pytest.raises(NotSent):
+            await scripts.on_stream("read", "nobody", -1, 0, "0", 0, 1)
+    finally:
+        await scripts.aclose()
+
+
+async def test_a_script_asked_to_a_node_that_never_had_it(cluster: Cluster) -> None:
+    """A slot being moved to a node without our scripts (a node added for resharding): the
+    script is ASKed there and sent whole (EVAL) after ASKING, on that node."""
+    from gateway.storage.scripts import connect_scripts
+
+    bucket = keys.rate_bucket("ip:203.0.113.7", f"rule-{uuid.uuid4().hex}")
+    slot = key_slot(bucket.encode())
+    source = cluster.slot_owner(slot)
+    target = next(p for p in cluster.primaries if p is not source)
+    scripts = connect_scripts(cluster.seed_url, cluster=True, max_connections=4, timeout=5)
+    try:
+        await scripts.load()
+        with cluster.connect(target) as t, cluster.connect(source) as s:
+            t.execute_command("SCRIPT", "FLUSH")
+            t.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source.id)
+            s.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target.id)
+        try:
+            before = retries("ask")
+            # cost 0 writes nothing: no key is left on the importing node
+            assert await scripts.run("rate_limit", [bucket], [1, 10, 0]) == [0]
+            assert retries("ask") > before
+        finally:
+            with cluster.connect(target) as t, cluster.connect(source) as s:
+                s.execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
+                t.execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
+    finally:
+        await scripts.aclose()
+
+
+async def test_the_layout_check_scans_every_primary(cluster: Cluster) -> None:
+    from gateway.storage import layout
+    from gateway.storage.client import general
+
+    client = general(cluster.seed_url, cluster=True)
+    try:
+        with cluster.client() as c:
+            c.set(f"someone-else:{uuid.uuid4().hex}", "x")  # a key that is not ours, on some node
+        assert await layout._has_our_keys(client) in (True, False)  # answers, on every node
+        with cluster.client() as c:
+            c.hset(keys.stream_keys(keys.stream_id(f"layout-{uuid.uuid4().hex}"))[0], "ct", "x")
+        assert await layout._has_our_keys(client)
+    finally:
+        await client.aclose()

@@ -8,6 +8,7 @@ the setting's checks, WAIT or WAITAOF by server version, and node URLs.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
@@ -112,3 +113,60 @@ def test_node_urls_keep_credentials_and_scheme() -> None:
         "rediss://u:p@n2:7002/0?ssl_cert_reqs=none"
     )
     assert node_url("redis://seed:7000", "::1", 7003) == "redis://[::1]:7003"
+
+
+async def test_a_write_whose_wait_fails_is_outcome_unknown(
+    primary_and_replica: tuple[EmbeddedRedis, EmbeddedRedis], tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    """The script ran, then its WAIT was cut short (the primary demoted while waiting: Redis
+    answers UNBLOCKED): the append may be stored, so 504, never 503 (which says "not stored")."""
+    primary, _ = primary_and_replica
+    server = await start_gateway(primary.url, min_replicas_ack=2, min_replicas_ack_timeout=3, redis_timeout=5)
+    url = str(server.make_url("/v1/stream/demoted"))
+    try:
+        async with http.put(url, headers=TEXT) as r:
+            assert r.status == 503  # two replicas asked, one there: never confirmed
+        with own_redis_server(tmp_path / "new-primary") as new_primary:
+            append = asyncio.create_task(http.post(url, data=b"x", headers=TEXT))
+            await asyncio.sleep(0.5)  # the script ran; its WAIT is waiting
+            with redis.Redis(port=primary.port) as c:
+                c.replicaof("127.0.0.1", new_primary.port)
+            r = await asyncio.wait_for(append, 10)
+            assert r.status == 504, await r.text()
+            r.release()
+    finally:
+        await server.close()
+
+
+async def test_a_script_the_server_forgot_is_sent_whole(
+    primary_and_replica: tuple[EmbeddedRedis, EmbeddedRedis], http: aiohttp.ClientSession
+) -> None:
+    primary, _ = primary_and_replica
+    server = await start_gateway(primary.url, min_replicas_ack=1, min_replicas_ack_timeout=1)
+    url = str(server.make_url("/v1/stream/forgotten"))
+    try:
+        async with http.put(url, headers=TEXT) as r:
+            assert r.status == 201
+        with redis.Redis(port=primary.port) as c:
+            c.script_flush()
+        async with http.post(url, data=b"again", headers=TEXT) as r:
+            assert r.status in (200, 204)
+        assert await read_all(http, url) == b"again"
+    finally:
+        await server.close()
+
+
+async def test_a_transient_failure_of_the_checks_is_not_a_refusal() -> None:
+    """--require-durable refuses a Redis that may lose writes, not one that did not answer
+    (a node restarting): that is retried."""
+    from gateway.storage import durability
+    from gateway.storage.client import general
+
+    from .conftest import free_port
+
+    client = general(f"redis://127.0.0.1:{free_port()}", cluster=False, socket_connect_timeout=1)
+    try:
+        with pytest.raises(redis.exceptions.ConnectionError):
+            await durability.check(client, require=True)
+    finally:
+        await client.aclose()

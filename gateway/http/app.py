@@ -13,10 +13,11 @@ from collections.abc import Awaitable, Callable, Mapping
 import redis.asyncio as aioredis
 import redis.exceptions
 from aiohttp import web
+from redis.asyncio import RedisCluster
 
 from ..archive.cold import ColdReader
 from ..archive.files import Archive
-from ..config import Settings, from_env
+from ..config import Settings, conflict, from_env
 from ..protocol import browser, caching
 from ..protocol.errors import ProtocolError
 from ..storage import client as redis_client
@@ -190,6 +191,14 @@ async def readyz(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
     if not gw.preflight.ready:  # unreachable at start, or a check not passed yet (logged)
         return web.Response(status=503, text="not ready: waiting for storage\n")
+    scripts = gw.store.scripts
+    if scripts.cluster:  # one shard away must not make every gateway unready: its streams answer 503
+        try:
+            await scripts.redis.ping(target_nodes=RedisCluster.RANDOM)
+        except Exception as exc:
+            limited.log(logging.WARNING, "readyz", "not ready: redis cluster: %s", exc)
+            return web.Response(status=503, text="not ready: storage unavailable\n")
+        return web.Response(text="ready\n")
     try:
         await gw.store.redis.ping()
         loaded = await gw.store.redis.script_exists(*gw.store.scripts.shas())
@@ -210,6 +219,9 @@ async def app_from_env() -> web.Application:
     settings = from_env()
     if not settings.redis_url:
         raise RuntimeError("set DURABLE_STREAMS_REDIS_URL (or REDIS_URL) for gunicorn workers")
+    problem = conflict(settings)
+    if problem:
+        raise RuntimeError(problem)
     return create_app(settings, settings.redis_url)
 
 

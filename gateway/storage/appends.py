@@ -115,7 +115,7 @@ class Appends:
         Redis), the calls in flight together. Returns each append's result, in batch
         order; an append whose call failed gets that call's exception as its result
         (raised for it alone by ``append``): other slots' appends are not its fate."""
-        parts = self.scripts.by_slot(list(range(len(batch))), lambda i: batch[i][0])
+        parts = self.scripts.by_slot(list(range(len(batch))), lambda i: keys.stream_keys(batch[i][0])[0])
         if len(parts) == 1:
             replies = await self._append_part(batch, parts[0])
         else:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from redis.exceptions import ResponseError
+
 from ..telemetry.logs import OneLineError
 from .client import Client, every_node
 
@@ -62,7 +64,7 @@ async def _judge(
     (a node that forbids CONFIG, as managed Redis often does: ``unknown``)."""
     try:
         nodes = await _config(redis, pattern)
-    except Exception as exc:
+    except ResponseError as exc:  # CONFIG refused; a node away or slow is raised: preflight tries again
         return ["unknown"], f"{unknown} ({exc})"
     described, problem = [], None
     for node, config in nodes:

@@ -42,7 +42,6 @@ from ..protocol.errors import ProtocolError, bad_request
 from ..protocol.headers import Expiry, normalize_content_type, parse_expires_at
 from ..protocol.models import LEGACY_INCARNATION, CreateSpec, InheritedRange, Meta, text
 from . import keys
-from .client import Client
 from .limits import MAX_FORK_DEPTH, MAX_FORK_SUB_MESSAGES, MAX_SCRIPT_ENTRIES
 from .reads import Reads
 from .scripts import Scripts
@@ -69,8 +68,7 @@ class ForkPlan:
 
 
 class Forks:
-    def __init__(self, redis: Client, scripts: Scripts, reads: Reads, max_chunk_bytes: int) -> None:
-        self.redis = redis
+    def __init__(self, scripts: Scripts, reads: Reads, max_chunk_bytes: int) -> None:
         self.scripts = scripts
         self.reads = reads
         self.max_chunk_bytes = max_chunk_bytes
@@ -167,7 +165,8 @@ class Forks:
         already, weak or from another incarnation of ``src``): unless ``sid`` is now a
         pinning fork of this incarnation of ``src``, whose record it is as well (a
         concurrent create of the same fork, referencing after us)."""
-        owner, owner_uid, weak = await self.redis.hmget(keys.stream_keys(sid)[0], "src", "src_uid", "weak")
+        meta = keys.stream_keys(sid)[0]
+        owner, owner_uid, weak = await self.scripts.command(meta, "HMGET", meta, "src", "src_uid", "weak")
         pinned = (
             owner is not None
             and text(owner) == src

@@ -71,6 +71,8 @@ async def _has_our_keys(redis: Client) -> bool:
         cursor, pages = 0, 0
         while True:
             cursor, found = await redis.scan(cursor, match=f"{keys.PREFIX}:*", count=1000, **target)
+            if isinstance(cursor, dict):  # a cluster's SCAN answers {node: cursor}, even for one node
+                (cursor,) = cursor.values()
             for key in found:
                 name = key.decode() if isinstance(key, bytes) else key
                 if name not in (keys.LAYOUT, keys.LAYOUT_LOCK):

@@ -29,6 +29,7 @@ from .limits import MAX_BATCH_ENTRIES
 from .scripts import Scripts
 
 _Take = tuple[str, float, float, int]  # bucket key, rate, burst, cost
+_Wait = float | BaseException  # seconds to wait, or why the take failed
 _bucket = functools.lru_cache(maxsize=65536)(keys.rate_bucket)  # two SHA-256 per name: once per client
 
 
@@ -36,7 +37,9 @@ class RateLimiter:
     def __init__(self, scripts: Scripts) -> None:
         self.scripts = scripts
         self.redis = scripts.redis  # where the buckets live
-        self._batcher: Batcher[_Take, float] = Batcher(self._take_batch, max_items=MAX_BATCH_ENTRIES)
+        self._batcher: Batcher[_Take, float | BaseException] = Batcher(
+            self._take_batch, max_items=MAX_BATCH_ENTRIES
+        )
 
     async def take(self, identity: str, rule: RateRule, cost: int = 1) -> float:
         """Take ``cost`` tokens from ``identity``'s bucket under ``rule``: 0.0 when
@@ -45,17 +48,25 @@ class RateLimiter:
         if cost < 0:
             raise ValueError(f"a rate limit cost cannot be negative: {cost}")
         take = (_bucket(identity, rule.key), rule.per_second, rule.burst, cost)
-        return await self._batcher.submit("", take)
+        wait = await self._batcher.submit("", take)
+        if isinstance(wait, BaseException):  # its slot's call failed (see _take_batch)
+            raise wait
+        return wait
 
-    async def _take_batch(self, _: str, takes: list[_Take]) -> list[float]:
+    async def _take_batch(self, _: str, takes: list[_Take]) -> list[_Wait]:
         """One rate_limit.lua call per hash slot of the batch's buckets (one on a
-        single Redis; on Redis Cluster a call's keys must share a slot), together."""
+        single Redis; on Redis Cluster a call's keys must share a slot), together. A
+        call that fails fails its own takes only: other shards' clients are served."""
         parts = self.scripts.by_slot(list(range(len(takes))), lambda i: takes[i][0])
-        waits: list[float] = [0.0] * len(takes)
-        replies_by_part = await asyncio.gather(*(self._take(takes, part) for part in parts))
+        if len(parts) == 1:
+            return [int(ms) / 1000 for ms in await self._take(takes, parts[0])]
+        waits: list[_Wait] = [0.0] * len(takes)
+        replies_by_part = await asyncio.gather(
+            *(self._take(takes, part) for part in parts), return_exceptions=True
+        )
         for part, replies in zip(parts, replies_by_part, strict=True):
-            for i, ms in zip(part, replies, strict=True):
-                waits[i] = int(ms) / 1000
+            for n, i in enumerate(part):
+                waits[i] = replies if isinstance(replies, BaseException) else int(replies[n]) / 1000
         return waits
 
     async def _take(self, takes: list[_Take], part: list[int]) -> list[Any]:

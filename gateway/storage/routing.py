@@ -51,6 +51,7 @@ from redis.exceptions import (
     AskError,
     ClusterDownError,
     MovedError,
+    RedisClusterException,
     RedisError,
     SlotNotCoveredError,
     TryAgainError,
@@ -109,22 +110,24 @@ class ClusterRoute:
         seed_url: str,
         max_connections: int,
         timeout: float,
-        response_callbacks: dict[str, Callable[..., Any]] | None = None,
     ) -> None:
         self.cluster = cluster
         self._seed_url = seed_url
         self._max_connections = max_connections
         self._timeout = timeout
-        self._callbacks = response_callbacks or {}
+        self._callbacks: dict[str, Callable[..., Any]] = {}
         self._clients: dict[str, Redis] = {}
         self._refreshing: asyncio.Task[None] | None = None
         self._refreshed_at = -1e9
         self._ready = False
         self._stale: asyncio.Task[None] | None = None  # a refresh after an unanswered call
 
-    def with_callbacks(self, callbacks: dict[str, Callable[..., Any]]) -> ClusterRoute:
-        """The same cluster, its nodes' replies parsed with ``callbacks`` (e.g. raw XRANGE)."""
-        return ClusterRoute(self.cluster, self._seed_url, self._max_connections, self._timeout, callbacks)
+    def set_response_callback(self, command: str, callback: Callable[..., Any]) -> None:
+        """Parse ``command``'s replies with ``callback`` on every node's client (as
+        ``Redis.set_response_callback``; e.g. raw XRANGE for bulk reads)."""
+        self._callbacks[command] = callback
+        for client in self._clients.values():
+            client.set_response_callback(command, callback)
 
     def client(self, host: str, port: int) -> Redis:
         """This process's pool for one node (made on first use, kept)."""
@@ -141,7 +144,7 @@ class ClusterRoute:
         if not self._ready:
             try:
                 await self.cluster.initialize()
-            except (RedisError, OSError) as exc:  # no node answered: nothing was sent
+            except (RedisError, RedisClusterException, OSError) as exc:  # nobody answered: nothing sent
                 raise NotSent(f"redis cluster: {exc}") from exc
             self._ready = True
         try:
@@ -164,7 +167,8 @@ class ClusterRoute:
 
     async def _refresh(self) -> None:
         try:
-            await self.cluster.nodes_manager.initialize()
+            async with asyncio.timeout(self._timeout):  # a call waits for it: bounded like one
+                await self.cluster.nodes_manager.initialize()
             self._ready = True
         finally:
             self._refreshed_at = asyncio.get_running_loop().time()
@@ -236,6 +240,9 @@ class ClusterRoute:
         return replies[1:] if asking is not None else replies
 
     async def aclose(self) -> None:
+        for task in (self._refreshing, self._stale):
+            if task is not None:
+                task.cancel()
         for client in self._clients.values():
             await client.aclose()
         self._clients.clear()

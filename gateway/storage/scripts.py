@@ -16,6 +16,7 @@ the same connection, for a write, by ``WAIT`` (or ``WAITAOF``) for the replicas
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
@@ -26,14 +27,15 @@ from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.client import Pipeline
 from redis.commands.core import AsyncScript
 from redis.crc import key_slot
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..telemetry import metrics
 from . import keys
-from .client import connect
+from .client import connect, every_node
 from .routing import ClusterRoute, DirectRoute, Route
 
+log = logging.getLogger(__name__)
 PACKAGE = "durable_streams_lua"
 NAMES = (
     "create",
@@ -125,6 +127,10 @@ def supports_waitaof(version: str) -> bool:
 Item = TypeVar("Item")
 
 
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 class Scripts:
     """Every script, registered on one client (and routed by ``route``)."""
 
@@ -158,14 +164,30 @@ class Scripts:
         for script in self._scripts.values():
             script.sha = await self._redis.script_load(script.script)
         if self.replica_ack is not None:
-            if self.cluster:
-                info = await self._redis.info("server", target_nodes=RedisCluster.PRIMARIES)
-                versions = [str(node_info["redis_version"]) for node_info in info.values()]
-            else:
-                versions = [str((await self._redis.info("server"))["redis_version"])]
-            aof = all(supports_waitaof(v) for v in versions)
+            aof = await self._replicas_confirm_fsyncs()
             if aof != self.replica_ack.aof:
                 self.replica_ack = ReplicaAck(self.replica_ack.replicas, self.replica_ack.timeout_ms, aof)
+            log.info(
+                "writes wait for %d replica(s) to confirm them (%s)",
+                self.replica_ack.replicas,
+                "WAITAOF: on their disks" if aof else "WAIT: received",
+            )
+
+    async def _replicas_confirm_fsyncs(self) -> bool:
+        """Whether WAITAOF can be used: every node has it (Redis 7.2+) and writes an AOF (a
+        replica without one never confirms, and every write would wait out the timeout).
+        On one Redis its replicas cannot be asked: WAIT."""
+        if not self.cluster:
+            return False
+        try:
+            for target in await every_node(self._redis, replicas=True):
+                version = str((await self._redis.info("server", **target))["redis_version"])
+                appendonly = await self._redis.config_get("appendonly", **target)
+                if not supports_waitaof(version) or _text(appendonly.get("appendonly", "")) != "yes":
+                    return False
+        except RedisError:  # CONFIG forbidden (managed Redis), a node away: the safe choice
+            return False
+        return True
 
     async def aclose(self) -> None:
         """Close the client and, on a cluster, the nodes' pools."""
@@ -183,24 +205,40 @@ class Scripts:
             return await script(keys=script_keys, args=list(args))
         ack = self.replica_ack if name in WRITES else None
 
-        def queue(pipe: Pipeline) -> None:
-            pipe.evalsha(script.sha, len(script_keys), *script_keys, *args)
+        def queue(pipe: Pipeline, by_sha: bool = True) -> None:
+            if by_sha:
+                pipe.evalsha(script.sha, len(script_keys), *script_keys, *args)
+            else:  # EVAL runs it and caches it on that node: on the same connection, after any ASKING
+                pipe.eval(_text(script.script), len(script_keys), *script_keys, *args)
             if ack is not None:
                 ack.queue(pipe)
 
         replies = await self.route.pipeline(script_keys[0], queue, raise_on_error=False)
-        if isinstance(replies[0], NoScriptError):  # it did not run: load it there, run it again
-            await self.route.pipeline(script_keys[0], lambda pipe: pipe.script_load(script.script))
-            replies = await self.route.pipeline(script_keys[0], queue, raise_on_error=False)
-        for reply in replies:
-            if isinstance(reply, Exception):
-                raise reply
-        if ack is not None and ack.confirmed(replies[1]) < ack.replicas:
+        if isinstance(replies[0], NoScriptError):  # it did not run (a node that never had it): send it whole
+            replies = await self.route.pipeline(
+                script_keys[0], lambda pipe: queue(pipe, by_sha=False), raise_on_error=False
+            )
+        if isinstance(replies[0], Exception):
+            raise replies[0]
+        if ack is None:
+            return replies[0]
+        if isinstance(replies[1], Exception):  # the write ran; its WAIT failed (a demoted primary)
+            raise NotReplicated(f"{name}: stored, not confirmed by replicas: {replies[1]}") from replies[1]
+        if ack.confirmed(replies[1]) < ack.replicas:
             raise NotReplicated(
                 f"{name}: {ack.confirmed(replies[1])} of {ack.replicas} replicas confirmed "
                 f"within {ack.timeout_ms} ms (--min-replicas-ack)"
             )
         return replies[0]
+
+    async def command(self, key: str, *args: Any) -> Any:
+        """One plain command on ``key`` (a read): on a cluster through the route, like the
+        scripts (bounded waiting pools, redirects followed), not redis-py's cluster client,
+        whose pools fail a burst instead of making it wait."""
+        if not self.cluster:
+            return await self._redis.execute_command(*args)
+        (reply,) = await self.route.pipeline(key, lambda pipe: pipe.execute_command(*args))
+        return reply
 
     async def run(self, name: str, script_keys: list[str], args: Sequence[Any]) -> Any:
         """Run a script, timed and counted in the metrics."""

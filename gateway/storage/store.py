@@ -46,7 +46,7 @@ class Store:
         self.hints = Hints(redis)
         self.reads = Reads(scripts, cold, max_chunk_bytes, read_inline_bytes)
         self.appends = Appends(self.scripts, self.hints, notice_payload_bytes)
-        self.forks = Forks(redis, self.scripts, self.reads, max_chunk_bytes)
+        self.forks = Forks(self.scripts, self.reads, max_chunk_bytes)
         # Appends and reads are the collaborators' own methods, bound here: no wrapper that
         # repeats their signatures and costs every request a coroutine (see appends.py, reads.py).
         self.append = self.appends.append
