@@ -4,7 +4,6 @@ into one append.lua call per batch (per hash slot of it, on Redis Cluster)."""
 
 from __future__ import annotations
 
-import asyncio
 import zlib
 from dataclasses import dataclass
 from typing import Any
@@ -112,20 +111,26 @@ class Appends:
 
     async def _append_batch(self, lane: str, batch: list[Queued]) -> list[Any]:
         """The batch's appends, one append.lua call per hash slot (one call on a single
-        Redis), the calls in flight together. Returns each append's result, in batch
-        order; an append whose call failed gets that call's exception as its result
-        (raised for it alone by ``append``): other slots' appends are not its fate."""
+        Redis; on a cluster the calls to one node share a pipeline, see
+        ``Scripts.run_each``). Returns each append's result, in batch order; an append
+        whose call failed gets that call's exception as its result (raised for it alone
+        by ``append``): other slots' appends are not its fate.
+
+        One call rather than a pipeline of one call per stream: a pipeline costs the
+        gateway ~60 µs more CPU per append (measured at 64 writers on 1,000 streams), and
+        the one script either runs whole or, refused before its first write (OOM), not
+        at all: no batch is half applied."""
         parts = self.scripts.by_slot(list(range(len(batch))), lambda i: keys.stream_keys(batch[i][0])[0])
-        if len(parts) == 1:
-            replies = await self._append_part(batch, parts[0])
+        calls = [self._call(batch, part) for part in parts]
+        if len(parts) == 1:  # one Redis: the call's failure is every append's (raised)
+            replies = [await self.scripts.run("append", *calls[0][:2])]
         else:
-            replies = await asyncio.gather(
-                *(self._append_part(batch, part) for part in parts), return_exceptions=True
-            )
+            replies = await self.scripts.run_each("append", [call[:2] for call in calls])
         results: list[Any] = [None] * len(batch)
         appended, appended_bytes = 0, 0
-        for part, part_replies in zip(parts, replies if len(parts) > 1 else [replies], strict=True):
-            for i, reply in zip(part, _each(part_replies, len(part)), strict=True):
+        for (_, _, order), part_replies in zip(calls, replies, strict=True):
+            by_index = dict(zip(order, _each(part_replies, len(order)), strict=True))
+            for i, reply in by_index.items():
                 results[i] = reply
                 sid, item, _ = batch[i]
                 if item.entries and not isinstance(reply, BaseException) and text(reply[0]) == "ok":
@@ -137,30 +142,23 @@ class Appends:
             metrics.APPENDED_BYTES.inc(appended_bytes)
         return results
 
-    async def _append_part(self, batch: list[Queued], part: list[int]) -> list[Any]:
-        """One append.lua call for the appends ``part`` indexes (streams of one slot):
-        each stream's keys in turn, its appends in arrival order. Returns each
-        append's result in ``part`` order.
-
-        One call rather than a pipeline of one call per stream: a pipeline costs the
-        gateway ~60 µs more CPU per append (measured at 64 writers on 1,000 streams), and
-        the one script either runs whole or, refused before its first write (OOM), not
-        at all: no batch is half applied."""
+    def _call(self, batch: list[Queued], part: list[int]) -> tuple[list[str], list[Any], list[int]]:
+        """append.lua's keys and arguments for the appends ``part`` indexes (streams of one
+        slot): each stream's keys in turn, its appends in arrival order; and the batch
+        index of each result the call will return, in order."""
         by_stream: dict[str, list[int]] = {}
         for index in part:
             by_stream.setdefault(batch[index][0], []).append(index)
         script_keys: list[str] = []
         args: list[Any] = [self.notice_payload_bytes]
-        order: list[int] = []  # batch index of each result append.lua returns
+        order: list[int] = []
         for sid, indexes in by_stream.items():
             script_keys += keys.stream_keys(sid)
             args.append(len(indexes))
             for i in indexes:
                 args += batch[i][2]
             order += indexes
-        replies = await self.scripts.run("append", script_keys, args)
-        by_index = dict(zip(order, replies, strict=True))
-        return [by_index[i] for i in part]
+        return script_keys, args, order
 
 
 def _each(replies: list[Any] | BaseException, count: int) -> list[Any]:

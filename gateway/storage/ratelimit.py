@@ -18,9 +18,7 @@ same Redis for the stream itself.
 
 from __future__ import annotations
 
-import asyncio
 import functools
-from typing import Any
 
 from ..concurrency.batching import Batcher
 from ..protocol.quotas import RateRule
@@ -54,24 +52,23 @@ class RateLimiter:
         return wait
 
     async def _take_batch(self, _: str, takes: list[_Take]) -> list[_Wait]:
-        """One rate_limit.lua call per hash slot of the batch's buckets (one on a
-        single Redis; on Redis Cluster a call's keys must share a slot), together. A
+        """One rate_limit.lua call per hash slot of the batch's buckets (one on a single
+        Redis; on Redis Cluster a call's keys must share a slot: ``Scripts.run_each``). A
         call that fails fails its own takes only: other shards' clients are served."""
         parts = self.scripts.by_slot(list(range(len(takes))), lambda i: takes[i][0])
+        calls = [self._call(takes, part) for part in parts]
         if len(parts) == 1:
-            return [int(ms) / 1000 for ms in await self._take(takes, parts[0])]
+            return [int(ms) / 1000 for ms in await self.scripts.run("rate_limit", *calls[0])]
         waits: list[_Wait] = [0.0] * len(takes)
-        replies_by_part = await asyncio.gather(
-            *(self._take(takes, part) for part in parts), return_exceptions=True
-        )
-        for part, replies in zip(parts, replies_by_part, strict=True):
+        for part, replies in zip(parts, await self.scripts.run_each("rate_limit", calls), strict=True):
             for n, i in enumerate(part):
                 waits[i] = replies if isinstance(replies, BaseException) else int(replies[n]) / 1000
         return waits
 
-    async def _take(self, takes: list[_Take], part: list[int]) -> list[Any]:
+    @staticmethod
+    def _call(takes: list[_Take], part: list[int]) -> tuple[list[str], list[float]]:
         args: list[float] = []
         for i in part:
             _key, rate, burst, cost = takes[i]
             args += (rate, burst, cost)
-        return list(await self.scripts.run("rate_limit", [takes[i][0] for i in part], args))
+        return [takes[i][0] for i in part], args

@@ -70,6 +70,11 @@ _REASONS = {MovedError: "moved", AskError: "ask", TryAgainError: "tryagain", Clu
 _REFRESH_SECONDS = 0.2  # at most one slot map refresh per this long (a failover makes every call ask)
 
 
+def did_not_run(reply: Any) -> bool:
+    """Whether a reply says its command did not run (redirected, or the slot is moving)."""
+    return isinstance(reply, _NOT_RUN)
+
+
 class Route(Protocol):
     """Sends commands for one key's slot, on one connection."""
 
@@ -222,6 +227,24 @@ class ClusterRoute:
             pause = min(pause * 2, 0.1)
             if isinstance(error, (ClusterDownError, MovedError)):
                 await self.refresh()
+
+    async def node_of(self, key: str) -> str:
+        """The name of the node serving ``key``'s slot, as this process last learned it."""
+        return (await self._owner(key_slot(key.encode()))).name
+
+    async def send_once(self, key: str, queue: Queue) -> list[Any]:
+        """One round trip to the node serving ``key``'s slot, nothing retried: the commands
+        may be for several slots of that node (``Scripts.run_each``), so the caller sends
+        again, one by one, those whose answer says they did not run (``did_not_run``).
+        NotSent: none was sent; any other exception: the outcome of all is unknown."""
+        try:
+            return await self._send(key_slot(key.encode()), None, queue, False)
+        except NotSent:
+            await self.refresh()
+            raise
+        except Exception:
+            self._stale = asyncio.get_running_loop().create_task(self.refresh())
+            raise
 
     async def _send(
         self, slot: int, asking: tuple[str, int] | None, queue: Queue, transaction: bool

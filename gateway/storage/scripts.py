@@ -16,6 +16,7 @@ the same connection, for a write, by ``WAIT`` (or ``WAITAOF``) for the replicas
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Sequence
@@ -32,8 +33,8 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..telemetry import metrics
 from . import keys
-from .client import connect, every_node
-from .routing import ClusterRoute, DirectRoute, Route
+from .client import NotSent, connect, every_node
+from .routing import ClusterRoute, DirectRoute, Route, did_not_run
 
 log = logging.getLogger(__name__)
 PACKAGE = "durable_streams_lua"
@@ -243,6 +244,74 @@ class Scripts:
     async def run(self, name: str, script_keys: list[str], args: Sequence[Any]) -> Any:
         """Run a script, timed and counted in the metrics."""
         return await timed(name, self.call(name, script_keys, args))
+
+    async def run_each(self, name: str, calls: Sequence[tuple[list[str], Sequence[Any]]]) -> list[Any]:
+        """Run ``name`` once per (keys, args) of ``calls`` (each call's keys share one slot),
+        the calls to one node in one pipeline (one round trip and, with replica acks, one
+        WAIT for them all), the nodes in flight together. Returns each call's result in
+        order, or the exception it failed with (that call's alone).
+
+        A call the pipeline's node did not run (its slot moved meanwhile, or the node lacks
+        the script) is sent again on its own (``call``, redirects followed); a pipeline
+        that failed after sending leaves all its calls' outcomes unknown."""
+        if not isinstance(self.route, ClusterRoute) or len(calls) == 1:
+            done = await asyncio.gather(*(self.run(name, k, a) for k, a in calls), return_exceptions=True)
+            return list(done)
+        route = self.route
+        by_node: dict[str, list[int]] = {}
+        for i, (script_keys, _) in enumerate(calls):
+            try:
+                node = await route.node_of(script_keys[0])
+            except NotSent:
+                node = ""  # not known now: sent on its own, which waits for the cluster
+            by_node.setdefault(node, []).append(i)
+        results: list[Any] = [None] * len(calls)
+
+        async def alone(indexes: list[int]) -> None:
+            done = await asyncio.gather(*(self.run(name, *calls[i]) for i in indexes), return_exceptions=True)
+            for i, result in zip(indexes, done, strict=True):
+                results[i] = result
+
+        async def together(indexes: list[int]) -> None:
+            if len(indexes) == 1:
+                return await alone(indexes)
+            script = self._scripts[name]
+            ack = self.replica_ack if name in WRITES else None
+
+            def queue(pipe: Pipeline) -> None:
+                for i in indexes:
+                    script_keys, args = calls[i]
+                    pipe.evalsha(script.sha, len(script_keys), *script_keys, *args)
+                if ack is not None:
+                    ack.queue(pipe)  # waits for every write of this connection: the pipeline's
+
+            try:
+                replies = await timed(name, route.send_once(calls[indexes[0]][0][0], queue))
+            except NotSent:
+                return await alone(indexes)  # none was sent
+            except Exception as exc:
+                for i in indexes:
+                    results[i] = exc
+                return None
+            missing = None
+            if ack is not None:
+                waited = replies.pop()
+                if isinstance(waited, Exception) or ack.confirmed(waited) < ack.replicas:
+                    missing = NotReplicated(f"{name}: not confirmed by {ack.replicas} replicas: {waited}")
+            again = []
+            for i, reply in zip(indexes, replies, strict=True):
+                if did_not_run(reply) or isinstance(reply, NoScriptError):
+                    again.append(i)
+                elif isinstance(reply, Exception):
+                    results[i] = reply
+                else:
+                    results[i] = missing or reply
+            if again:
+                await alone(again)
+            return None
+
+        await asyncio.gather(*(alone(ix) if not node else together(ix) for node, ix in by_node.items()))
+        return results
 
     async def on_stream(self, name: str, sid: str, *args: Any) -> Any:
         """Run a script on one stream's keys (``keys.stream_keys``), timed."""
