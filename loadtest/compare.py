@@ -1,6 +1,7 @@
 """One command, one table: every scenario against ours and the reference server.
 
     python -m loadtest.compare [--seconds 5] [--read-mb 256] [--servers ours,reference,reference-memory]
+    python -m loadtest.compare --cluster [options of loadtest/cluster.py]
 
 Starts each server in turn (ours: one gateway process on an embedded Redis
 with AOF fsync always; ``reference``: the npm server file-backed, its durable
@@ -9,6 +10,10 @@ the catch-up read and the end-to-end latency scenario against it, and writes
 ``loadtest/results/comparison.json``, ``comparison.md`` (the README's table) and
 ``comparison.png`` (append rate and p99 latency by number of writers).
 Servers run one at a time, so they never compete for the machine.
+
+``--cluster`` runs ``loadtest/cluster.py`` instead (the rest of the command line
+is its): ours on one Redis against ours on a 3+3 Redis Cluster, with and
+without ``--min-replicas-ack 1``, with the Redis CPU of every node.
 
 For ours it also records the longest AOF fsync Redis waited for during the
 run (Redis' latency monitor): with ``appendfsync always`` a slow disk stalls
@@ -20,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
 from dataclasses import asdict
 from pathlib import Path
 
@@ -122,8 +128,16 @@ class FsyncStalls:
 
 
 def main() -> None:
+    if "--cluster" in sys.argv[1:]:
+        from . import cluster
+
+        cluster.main([a for a in sys.argv[1:] if a != "--cluster"])
+        return
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--cluster", action="store_true", help="one Redis vs a Redis Cluster instead (loadtest/cluster.py)"
     )
     parser.add_argument("--servers", default=",".join(KINDS))
     parser.add_argument("--seconds", type=float, default=5.0, help="seconds per append scenario")
