@@ -29,6 +29,13 @@ Work is found through hints (``gateway/storage/hints.py``) and a periodic
 reconciliation (one worker at a time) that also removes the files of deleted
 and expired streams, found through the index ``keys.ARCHIVE_SEGSETS``.
 
+On Redis Cluster (``--redis-cluster``) the same, spread over the primaries: the
+hints are in several keys (``HintKeys``), which a worker polls in turn, starting
+at a different one each pass; a stream's lease is in its own slot; the
+reconciliation SCANs every primary, each with its own cursor; and a pipeline
+that reads several streams' keys is no transaction (redis-py sends each node its
+part). The scripts go to the stream's node (``connect_scripts``).
+
 Redis away: the worker starts anyway and waits for it (``gateway/storage/
 preflight.py``); a pass that loses it is one log line, and the next pass comes
 after a capped, jittered backoff. The loop keeps a heartbeat (``health.py``)
@@ -41,6 +48,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import random
 import socket
 import time
 import uuid
@@ -49,6 +57,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import pyarrow as pa
+from redis.exceptions import ClusterError, RedisClusterException, SlotNotCoveredError, TryAgainError
 
 from gateway.archive.files import Archive
 from gateway.archive.schema import Row, to_table
@@ -57,7 +66,8 @@ from gateway.concurrency import backoff
 from gateway.config import Settings
 from gateway.protocol import offsets
 from gateway.storage import keys
-from gateway.storage.client import Client, general
+from gateway.storage.client import Client, every_node, general
+from gateway.storage.hints import HintKeys, add_hints
 from gateway.storage.outcomes import UNAVAILABLE
 from gateway.storage.preflight import Preflight, reason
 from gateway.storage.scripts import Scripts, connect_scripts, replica_ack
@@ -85,9 +95,19 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+# Redis Cluster's "not now": no primary for a slot yet (a failover under way), or a slot
+# moving (TRYAGAIN); ClusterError also covers redis-py's "TTL exhausted" (redirects without end).
+_CLUSTER_AWAY = (ClusterError, SlotNotCoveredError, TryAgainError)
+
+
 def unavailable(exc: BaseException) -> bool:
-    """Redis could not be reached or answered too late: nothing to fix here but to wait."""
-    return isinstance(exc, (*UNAVAILABLE, OSError))
+    """Redis could not be reached or answered too late (or a cluster is failing over):
+    nothing to fix here but to wait. A cluster client that reaches no node at all says so
+    with a RedisClusterException caused by the connection error."""
+    if isinstance(exc, (*UNAVAILABLE, OSError, *_CLUSTER_AWAY)):
+        return True
+    cause = exc.__cause__
+    return isinstance(exc, RedisClusterException) and cause is not None and unavailable(cause)
 
 
 @dataclass(frozen=True)
@@ -170,6 +190,10 @@ class Archiver:
         self.lease_seconds = lease_seconds
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
         self.heartbeat = heartbeat or Heartbeat()
+        self.hint_keys = HintKeys.of_client(redis)
+        # Where the next pass starts polling hint keys: workers start at random ones and move
+        # on by one each pass, so that they neither contend for one key nor starve another.
+        self._next_hint_key = random.randrange(len(self.hint_keys.all))
         self._legacy_indexed = False
         self.archived_bytes = 0  # totals, for logs and benchmarks
         self.files_written = 0
@@ -249,38 +273,63 @@ class Archiver:
                     pass
 
     async def work_once(self, limit: int = 64) -> int:
-        """Archive the streams whose hints are due; returns how many were taken."""
+        """Archive the streams whose hints are due (at most ``limit``); returns how many
+        were taken. The hint keys with due hints are polled in turn (one on one Redis)."""
         now = now_ms()
-        due = cast(
-            Members, await self.redis.zrangebyscore(keys.ARCHIVE_HINTS, "-inf", now, start=0, num=limit)
-        )
-        await self._report_backlog(now)
+        due_in = await self._report_backlog(now)
         taken = 0
-        for raw in due:
-            if await self.redis.zrem(keys.ARCHIVE_HINTS, raw) != 1:
-                continue  # another worker took it
-            taken += 1
-            sid = _text(raw)
-            try:
-                await self.archive_stream(sid)
-            except Exception as exc:
-                if unavailable(exc):  # the pass ends (one line); reconciliation finds a lost hint
-                    with contextlib.suppress(Exception):
-                        await self.hint(sid, now_ms() + 5000)
-                    raise
-                log.exception("archiving %s failed; will retry", keys.path_of(sid))
-                await self.hint(sid, now_ms() + 5000)
-            self.heartbeat.beat()
+        for key in self._polling_order():
+            if taken >= limit:
+                break
+            if not due_in.get(key):
+                continue
+            due = cast(Members, await self.redis.zrangebyscore(key, "-inf", now, start=0, num=limit - taken))
+            for raw in due:
+                if await self.redis.zrem(key, raw) != 1:
+                    continue  # another worker took it
+                taken += 1
+                await self._take(_text(raw))
         return taken
 
-    async def _report_backlog(self, now: int) -> None:
-        oldest = cast(ScoredMembers, await self.redis.zrange(keys.ARCHIVE_HINTS, 0, 0, withscores=True))
-        waited = max(0.0, (now - oldest[0][1]) / 1000) if oldest else 0.0
-        metrics.ARCHIVE_LAG.set(waited)
-        metrics.ARCHIVE_DUE.set(await self.redis.zcount(keys.ARCHIVE_HINTS, "-inf", now))
+    def _polling_order(self) -> list[str]:
+        """The hint keys, from this pass's first (the next pass starts one further)."""
+        every = self.hint_keys.all
+        first = self._next_hint_key % len(every)
+        self._next_hint_key = first + 1
+        return [*every[first:], *every[:first]]
+
+    async def _take(self, sid: str) -> None:
+        """Archive a stream whose hint this worker took; hint it again on failure."""
+        try:
+            await self.archive_stream(sid)
+        except Exception as exc:
+            if unavailable(exc):  # the pass ends (one line); reconciliation finds a lost hint
+                with contextlib.suppress(Exception):
+                    await self.hint(sid, now_ms() + 5000)
+                raise
+            log.exception("archiving %s failed; will retry", keys.path_of(sid))
+            await self.hint(sid, now_ms() + 5000)
+        self.heartbeat.beat()
+
+    async def _report_backlog(self, now: int) -> dict[str, int]:
+        """The backlog metrics, over every hint key (one pipeline: a round trip per node;
+        not a transaction, as on a cluster the keys are in different slots). Returns how
+        many hints are due in each key."""
+        every = self.hint_keys.all
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for key in every:
+                pipe.zrange(key, 0, 0, withscores=True)
+                pipe.zcount(key, "-inf", now)
+            replies = await pipe.execute()
+        firsts = cast(list[ScoredMembers], replies[0::2])
+        due = {key: int(count) for key, count in zip(every, replies[1::2], strict=True)}
+        oldest = min((first[0][1] for first in firsts if first), default=None)
+        metrics.ARCHIVE_LAG.set(max(0.0, (now - oldest) / 1000) if oldest is not None else 0.0)
+        metrics.ARCHIVE_DUE.set(sum(due.values()))
+        return due
 
     async def hint(self, sid: str, when_ms: int) -> None:
-        await self.redis.zadd(keys.ARCHIVE_HINTS, {sid: when_ms}, lt=True)
+        await self.redis.zadd(self.hint_keys.of(sid), {sid: when_ms}, lt=True)
 
     # -- one stream ---------------------------------------------------------
 
@@ -563,15 +612,20 @@ class Archiver:
     async def _scan(self, match: str, type_: str | None = None) -> AsyncIterator[bytes | str]:
         """SCAN's keys, with a heartbeat per page visited, matching or not: on a Redis shared
         with many keys of others a pass may read thousands of pages that match nothing, and
-        that is progress, not a stall (--archive-stall-seconds)."""
-        cursor: int = 0
-        while True:
-            cursor, found = await self.redis.scan(cursor, match=match, count=1000, _type=type_)
-            self.heartbeat.beat()
-            for key in found:
-                yield key
-            if not cursor:
-                return
+        that is progress, not a stall (--archive-stall-seconds). On a cluster, every primary's
+        keys, one primary after the other, each with its own cursor (a primary that fails
+        over meanwhile is scanned to the end as the replica it became: it has the same keys)."""
+        for node in await every_node(self.redis):
+            cursor = 0
+            while True:
+                reply, found = await self.redis.scan(cursor, match=match, count=1000, _type=type_, **node)
+                # One Redis answers the next cursor; RedisCluster {node name: cursor}, one node here.
+                cursor = int(next(iter(reply.values())) if isinstance(reply, dict) else reply)
+                self.heartbeat.beat()
+                for key in found:
+                    yield key
+                if not cursor:
+                    break
 
     async def _index_legacy_segsets(self) -> None:
         """Once per process: index segment sets that no index names, e.g. those of
@@ -613,7 +667,7 @@ class Archiver:
             except Exception as error:
                 log.warning("skipped %r while looking for unarchived data: %s", key, error)
         if due:
-            await self.redis.zadd(keys.ARCHIVE_HINTS, due, nx=True)
+            await add_hints(self.redis, self.hint_keys, due, nx=True)
         if indexed:
             await self.redis.sadd(keys.ARCHIVE_SEGSETS, *indexed)
 

@@ -9,6 +9,12 @@ Marks are sent only while an archive worker is alive (workers refresh
 ``keys.ARCHIVE_WORKER_ALIVE``): with none running, hints would pile up in
 Redis forever. A worker that starts reconciles first, which finds every
 stream with data to archive, hinted or not.
+
+Where: one sorted set on one Redis (``keys.ARCHIVE_HINTS``); on Redis Cluster
+``keys.ARCHIVE_HINT_SHARDS`` of them in slots spread over the primaries, a
+stream's hint in the one its slot picks (``HintKeys``), so that neither the
+gateways' writes nor the workers' polls all go to one node. A flush sends one
+ZADD per key, pipelined: one round trip per node.
 """
 
 from __future__ import annotations
@@ -17,6 +23,9 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Mapping
+
+from redis.asyncio import RedisCluster
 
 from . import keys
 from .client import Client
@@ -24,9 +33,54 @@ from .client import Client
 log = logging.getLogger(__name__)
 
 
+class HintKeys:
+    """The archive hint keys of one Redis (one key) or Redis Cluster (several), and
+    which one holds a stream's hint: always the same for a stream."""
+
+    def __init__(self, cluster: bool) -> None:
+        self.all: tuple[str, ...] = tuple(keys.archive_hint_keys(cluster))
+
+    @classmethod
+    def of_client(cls, redis: Client) -> HintKeys:
+        return cls(isinstance(redis, RedisCluster))
+
+    def of(self, sid: str) -> str:
+        """The key holding the stream's hint."""
+        if len(self.all) == 1:
+            return self.all[0]
+        return self.all[keys.archive_hint_shard(sid, len(self.all))]
+
+    def split(self, scores: Mapping[str, int]) -> dict[str, dict[str, int]]:
+        """``{sid: score}`` split by the key each stream's hint goes to."""
+        parts: dict[str, dict[str, int]] = {}
+        for sid, score in scores.items():
+            parts.setdefault(self.of(sid), {})[sid] = score
+        return parts
+
+
+async def add_hints(
+    redis: Client, hint_keys: HintKeys, scores: Mapping[str, int], *, nx: bool = False, lt: bool = False
+) -> None:
+    """ZADD each stream's hint to its key (``nx``/``lt`` as ZADD's). Several keys: one
+    pipeline (not a transaction: they are in different slots), so one round trip per
+    node. A failure raises; some keys may have been written (NX and LT make a retry harmless)."""
+    parts = hint_keys.split(scores)
+    if not parts:
+        return
+    if len(parts) == 1:
+        ((key, members),) = parts.items()
+        await redis.zadd(key, members, nx=nx, lt=lt)
+        return
+    async with redis.pipeline(transaction=False) as pipe:
+        for key, members in parts.items():
+            pipe.zadd(key, members, nx=nx, lt=lt)
+        await pipe.execute()
+
+
 class Hints:
     def __init__(self, redis: Client, interval: float = 1.0) -> None:
         self.redis = redis
+        self.hint_keys = HintKeys.of_client(redis)
         self.interval = interval
         self.enabled = True
         self._marked: set[str] = set()
@@ -42,7 +96,7 @@ class Hints:
         self._marked.discard(sid)
         if self.enabled:
             try:
-                await self.redis.zrem(keys.ARCHIVE_HINTS, sid)
+                await self.redis.zrem(self.hint_keys.of(sid), sid)
             except Exception as exc:
                 log.debug("archive hint of a deleted stream not removed: %s", exc)
 
@@ -54,7 +108,7 @@ class Hints:
         try:
             if not await self.redis.exists(keys.ARCHIVE_WORKER_ALIVE):
                 return  # no worker to read them; the first to start reconciles
-            await self.redis.zadd(keys.ARCHIVE_HINTS, dict.fromkeys(marked, now), nx=True)
+            await add_hints(self.redis, self.hint_keys, dict.fromkeys(marked, now), nx=True)
         except Exception as exc:  # Redis away: keep the marks for the next round
             self._marked |= marked
             log.debug("archive hints not sent: %s", exc)

@@ -3,7 +3,8 @@
 A stream's keys share one hash tag, ``{<stream id>}``, so they hash to one Redis
 Cluster slot, and every key a script touches comes to it in KEYS (no script
 builds a key name: tests/test_scripts_keys.py checks). The keys of no stream
-(archive hints and index, the layout version) are each in a slot of their own.
+(archive hints and index, the layout version) are each in a slot of their own;
+on Redis Cluster the archive hints are spread over several keys (``archive_hint_keys``).
 The stream id is its path with ``%``, ``{`` and ``}`` percent-encoded:
 readable in ``redis-cli``, reversible, and unable to close the hash tag early.
 """
@@ -11,6 +12,8 @@ readable in ``redis-cli``, reversible, and unable to close the hash tag early.
 from __future__ import annotations
 
 import hashlib
+
+from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
 PREFIX = "ds"
 
@@ -68,21 +71,60 @@ def rate_bucket(identity: str, rule_key: str) -> str:
 META_PATTERN = f"{PREFIX}:*:meta"
 # Every segment set's key name, added before the set is first written: the
 # worker finds the archives of deleted streams here, not by matching key names
-# (paths are the users' and may hold ":segs:"). Not in any stream's slot.
+# (paths are the users' and may hold ":segs:"). Not in any stream's slot. One key
+# on Redis Cluster too: written once per incarnation, read by one reconciliation a
+# minute (SSCAN), so its node sees little of it.
 ARCHIVE_SEGSETS = f"{PREFIX}:archive:segsets"
 # Streams with data to archive: score = when to look (ms). Gateways add
 # streams they appended to (NX, about once a second); workers take them.
+# On one Redis this is the only hint key; on Redis Cluster see archive_hint_keys.
 ARCHIVE_HINTS = f"{PREFIX}:archive:hints"
+# How many hint keys on Redis Cluster: every gateway writes hints and every worker polls
+# them each second, which on one key would all land on one primary.
+ARCHIVE_HINT_SHARDS = 16
 # Set by every running archive worker (with an expiry it keeps renewing): gateways
 # send hints only while it exists, so hints never pile up with no worker to take them.
+# One key on Redis Cluster too: a SET per worker every 20 s, an EXISTS per gateway a second.
 ARCHIVE_WORKER_ALIVE = f"{PREFIX}:archive:alive"
-ARCHIVE_RECONCILE = f"{PREFIX}:archive:reconcile"  # who scans for lost hints and dead archives, when
+# Who scans for lost hints and dead archives, when (a SET NX per worker per interval).
+ARCHIVE_RECONCILE = f"{PREFIX}:archive:reconcile"
 # The key layout's version, an integer (storage/layout.py): set once, by the first process
 # to start on a Redis without it, and raised only by `durable-streams migrate`.
 LAYOUT = f"{PREFIX}:layout"
 # Held (with an expiry) while `migrate` runs its steps. Its hash tag is LAYOUT's whole
 # name, so the two share a Redis Cluster slot: migrate WATCHes both in one transaction.
 LAYOUT_LOCK = f"{{{LAYOUT}}}:lock"
+
+
+def _hint_shard_key(shard: int) -> str:
+    """Hint key ``shard`` of ``ARCHIVE_HINT_SHARDS`` on Redis Cluster: the first name
+    ``ds:archive:hints:{<shard>.<n>}`` (n = 0, 1, ...) whose slot is in the shard-th
+    equal part of the slots. Slot ranges are what primaries serve (a cluster split
+    evenly gives each primary about as many hint keys), and a stream's hints go to
+    the key of its own slot's part (``archive_hint_shard``): mostly on its own primary."""
+    width = REDIS_CLUSTER_HASH_SLOTS // ARCHIVE_HINT_SHARDS
+    n = 0
+    while True:  # about ARCHIVE_HINT_SHARDS tries each (CRC16 spreads evenly)
+        name = f"{PREFIX}:archive:hints:{{{shard}.{n}}}"
+        if key_slot(name.encode()) // width == shard:
+            return name
+        n += 1
+
+
+_HINT_SHARD_KEYS = tuple(_hint_shard_key(shard) for shard in range(ARCHIVE_HINT_SHARDS))
+
+
+def archive_hint_keys(cluster: bool) -> list[str]:
+    """Every archive hint key, by shard: on one Redis only ``ARCHIVE_HINTS`` (as always);
+    on Redis Cluster ``ARCHIVE_HINT_SHARDS`` keys in slots spread over the cluster."""
+    return list(_HINT_SHARD_KEYS) if cluster else [ARCHIVE_HINTS]
+
+
+def archive_hint_shard(sid: str, shards: int) -> int:
+    """Which of ``shards`` hint keys holds the stream's hints: by the slot of its keys
+    (a stable hash of its id), the part of the slots it falls in."""
+    slot = key_slot(stream_keys(sid)[0].encode("utf-8", "surrogatepass"))
+    return slot * shards // REDIS_CLUSTER_HASH_SLOTS
 
 
 def split_segments_key(key: str) -> tuple[str, str]:
