@@ -31,6 +31,10 @@ UNAVAILABLE = (
     redis.exceptions.ConnectionError,
     redis.exceptions.TimeoutError,
     redis.exceptions.BusyLoadingError,
+    # Redis Cluster (nothing routed through routing.py raises these, which it turns into
+    # NotSent; redis-py's cluster client may): no node answers, no slot map, a failover
+    redis.exceptions.RedisClusterException,
+    redis.exceptions.ClusterError,
 )
 
 
