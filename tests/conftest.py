@@ -145,6 +145,16 @@ async def start_gateway(redis_url: str, **overrides: object) -> TestServer:
     return server
 
 
+@contextlib.asynccontextmanager
+async def serving(redis_url: str, **overrides: object) -> AsyncIterator[str]:
+    """A gateway on ``redis_url`` for the block (``start_gateway``): its streams' base URL."""
+    server = await start_gateway(redis_url, **overrides)
+    try:
+        yield str(server.make_url("/v1/stream"))
+    finally:
+        await server.close()
+
+
 @pytest.fixture(scope="session")
 def archive_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     """Where the session gateway reads archived files (and test archivers write them)."""

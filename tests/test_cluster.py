@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
+import json
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -26,7 +26,8 @@ from gateway.storage import keys
 from gateway.telemetry import metrics
 
 from .cluster import Cluster
-from .conftest import read_all, start_gateway
+from .conftest import read_all, serving
+from .test_live import sse_events
 
 TEXT = {"Content-Type": "text/plain"}
 CATCH_UP_SECONDS = 30.0  # how long a live reader may take to see the last append
@@ -58,12 +59,9 @@ def cluster(redis_cluster: Cluster) -> Iterator[Cluster]:
 
 @contextlib.asynccontextmanager
 async def gateways(cluster: Cluster, count: int = 1, **settings: object) -> AsyncIterator[list[str]]:
-    servers = [await start_gateway(cluster.seed_url, redis_cluster=True, **settings) for _ in range(count)]
-    try:
-        yield [str(s.make_url("/v1/stream")) for s in servers]
-    finally:
-        for server in servers:
-            await server.close()
+    async with contextlib.AsyncExitStack() as stack:
+        yield [await stack.enter_async_context(serving(cluster.seed_url, redis_cluster=True, **settings))
+               for _ in range(count)]  # fmt: skip
 
 
 def names_on_each_primary(cluster: Cluster, per_primary: int = 1, prefix: str = "c") -> list[str]:
@@ -146,24 +144,13 @@ async def tail_sse(http: aiohttp.ClientSession, url: str, until: asyncio.Future[
     while not (until.done() and len(data) >= until.result()):
         async with http.get(url, params={"offset": offset, "live": "sse"}) as r:
             assert r.status == 200, r.status
-            kind, lines = "", []
-            async for raw in r.content:
-                line = raw.decode().rstrip("\n")
-                if line.startswith("event:"):
-                    kind = line[6:].strip()
-                elif line.startswith("data:"):
-                    lines.append(line[5:][1:] if line[5:].startswith(" ") else line[5:])
-                elif line == "" and kind:
-                    payload = "\n".join(lines)
-                    if kind == "data":
-                        data += payload.encode()
-                    elif kind == "control":
-                        found = re.search(r'"streamNextOffset"\s*:\s*"([^"]+)"', payload)
-                        if found:
-                            offset = found[1]
-                    kind, lines = "", []
+            async for kind, payload in sse_events(r):
+                if kind == "data":
+                    data += payload.encode()
+                elif kind == "control":
+                    offset = json.loads(payload).get("streamNextOffset", offset)
                 if until.done() and len(data) >= until.result():
-                    break  # checked at every line: heartbeats come each second when idle
+                    break  # checked at heartbeats too: they come each second when idle
     return data
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
@@ -16,20 +17,32 @@ from .conftest import start_gateway
 TEXT = {"Content-Type": "text/plain"}
 
 
-async def read_sse(response: aiohttp.ClientResponse, until: str) -> list[tuple[str, str]]:
-    """(event, data) pairs until a control event containing ``until``."""
-    events, kind, data = [], "", []
+async def sse_events(response: aiohttp.ClientResponse) -> AsyncIterator[tuple[str, str]]:
+    """A response's SSE events as (event, data), and ("comment", text) for each comment line
+    (heartbeats), as they arrive."""
+    kind, data = "", []
     async for raw in response.content:
         line = raw.decode().rstrip("\n")
-        if line.startswith("event:"):
+        if line.startswith(":"):
+            yield "comment", line[1:]
+        elif line.startswith("event:"):
             kind = line[6:].strip()
         elif line.startswith("data:"):
             data.append(line[5:][1:] if line[5:].startswith(" ") else line[5:])
         elif line == "" and kind:
-            events.append((kind, "\n".join(data)))
-            if kind == "control" and until in events[-1][1]:
-                return events
+            yield kind, "\n".join(data)
             kind, data = "", []
+
+
+async def read_sse(response: aiohttp.ClientResponse, until: str) -> list[tuple[str, str]]:
+    """(event, data) pairs until a control event containing ``until``."""
+    events = []
+    async for kind, data in sse_events(response):
+        if kind == "comment":
+            continue
+        events.append((kind, data))
+        if kind == "control" and until in data:
+            break
     return events
 
 

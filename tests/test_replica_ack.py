@@ -24,9 +24,15 @@ from gateway.config import Settings, conflict
 from gateway.storage.routing import node_url
 from gateway.storage.scripts import ReplicaAck, replica_ack, supports_waitaof
 
-from .conftest import own_redis_server, read_all, redis_server_binary, start_gateway
+from .conftest import own_redis_server, read_all, redis_server_binary, serving
 
 TEXT = {"Content-Type": "text/plain"}
+
+
+async def created(http: aiohttp.ClientSession, url: str) -> str:
+    async with http.put(url, headers=TEXT) as r:
+        assert r.status == 201
+    return url
 
 
 @pytest.fixture
@@ -47,12 +53,8 @@ async def test_writes_wait_for_the_replica(
     primary_and_replica: tuple[EmbeddedRedis, EmbeddedRedis], http: aiohttp.ClientSession
 ) -> None:
     primary, replica = primary_and_replica
-    server = await start_gateway(primary.url, min_replicas_ack=1, min_replicas_ack_timeout=0.3)
-    base = str(server.make_url("/v1/stream"))
-    try:
-        url = f"{base}/acked"
-        async with http.put(url, headers=TEXT) as r:
-            assert r.status == 201
+    async with serving(primary.url, min_replicas_ack=1, min_replicas_ack_timeout=0.3) as base:
+        url = await created(http, f"{base}/acked")
         async with http.post(url, data=b"one;", headers=TEXT) as r:
             assert r.status in (200, 204)
         with redis.Redis(port=replica.port) as c:  # acknowledged: the replica has it already
@@ -74,19 +76,14 @@ async def test_writes_wait_for_the_replica(
         async with http.post(url, data=b"three;", headers=TEXT) as r:
             assert r.status in (200, 204)
         assert await read_all(http, url) == b"one;two;three;"  # the 504 was stored, as it said it may be
-    finally:
-        await server.close()
 
 
 async def test_without_replicas_no_write_is_acknowledged(tmp_path: Path, http: aiohttp.ClientSession) -> None:
     redis_server_binary()
     with own_redis_server(tmp_path / "alone") as alone:
-        server = await start_gateway(alone.url, min_replicas_ack=1, min_replicas_ack_timeout=0.1)
-        try:
-            async with http.put(str(server.make_url("/v1/stream/lonely")), headers=TEXT) as r:
+        async with serving(alone.url, min_replicas_ack=1, min_replicas_ack_timeout=0.1) as base:
+            async with http.put(f"{base}/lonely", headers=TEXT) as r:
                 assert r.status == 503
-        finally:
-            await server.close()
 
 
 def test_settings() -> None:
@@ -121,9 +118,9 @@ async def test_a_write_whose_wait_fails_is_outcome_unknown(
     """The script ran, then its WAIT was cut short (the primary demoted while waiting: Redis
     answers UNBLOCKED): the append may be stored, so 504, never 503 (which says "not stored")."""
     primary, _ = primary_and_replica
-    server = await start_gateway(primary.url, min_replicas_ack=2, min_replicas_ack_timeout=3, redis_timeout=5)
-    url = str(server.make_url("/v1/stream/demoted"))
-    try:
+    settings = {"min_replicas_ack": 2, "min_replicas_ack_timeout": 3, "redis_timeout": 5}
+    async with serving(primary.url, **settings) as base:
+        url = f"{base}/demoted"
         async with http.put(url, headers=TEXT) as r:
             assert r.status == 503  # two replicas asked, one there: never confirmed
         with own_redis_server(tmp_path / "new-primary") as new_primary:
@@ -134,26 +131,19 @@ async def test_a_write_whose_wait_fails_is_outcome_unknown(
             r = await asyncio.wait_for(append, 10)
             assert r.status == 504, await r.text()
             r.release()
-    finally:
-        await server.close()
 
 
 async def test_a_script_the_server_forgot_is_sent_whole(
     primary_and_replica: tuple[EmbeddedRedis, EmbeddedRedis], http: aiohttp.ClientSession
 ) -> None:
     primary, _ = primary_and_replica
-    server = await start_gateway(primary.url, min_replicas_ack=1, min_replicas_ack_timeout=1)
-    url = str(server.make_url("/v1/stream/forgotten"))
-    try:
-        async with http.put(url, headers=TEXT) as r:
-            assert r.status == 201
+    async with serving(primary.url, min_replicas_ack=1, min_replicas_ack_timeout=1) as base:
+        url = await created(http, f"{base}/forgotten")
         with redis.Redis(port=primary.port) as c:
             c.script_flush()
         async with http.post(url, data=b"again", headers=TEXT) as r:
             assert r.status in (200, 204)
         assert await read_all(http, url) == b"again"
-    finally:
-        await server.close()
 
 
 async def test_a_transient_failure_of_the_checks_is_not_a_refusal() -> None:
