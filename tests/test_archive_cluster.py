@@ -445,3 +445,31 @@ async def test_a_worker_goes_on_through_a_failover(cluster, client, cluster_arch
             assert w.written, sid
             assert await read_all(http, f"{base}/{sid}") == bytes(w.written), sid
             await check_once(client, Archive(cluster_archive), sid, bytes(w.written))
+
+
+def test_a_bug_is_not_taken_for_redis_being_away() -> None:
+    """Cross-slot keys are a bug to see (a traceback), not an outage to wait out."""
+    from redis.exceptions import ClusterDownError, RedisClusterException, TryAgainError
+
+    from workers.archiver import unavailable
+
+    assert not unavailable(RedisClusterException("SADD - all keys must map to the same key slot"))
+    assert unavailable(ClusterDownError("CLUSTERDOWN The cluster is down"))
+    assert unavailable(TryAgainError("TRYAGAIN"))
+    away = RedisClusterException("Redis Cluster cannot be connected")
+    away.__cause__ = ConnectionError("refused")
+    assert unavailable(away)
+
+
+def test_hint_key_names_are_pinned() -> None:
+    """Renaming the hint keys strands the hints in the old ones (until reconciliation) and
+    splits gateways and workers of two versions during a rollout: a layout change."""
+    assert keys.archive_hint_keys(False) == ["ds:archive:hints"]
+    assert keys.archive_hint_keys(True) == [
+        "ds:archive:hints:{0.13}", "ds:archive:hints:{1.10}", "ds:archive:hints:{2.3}",
+        "ds:archive:hints:{3.0}", "ds:archive:hints:{4.63}", "ds:archive:hints:{5.60}",
+        "ds:archive:hints:{6.43}", "ds:archive:hints:{7.40}", "ds:archive:hints:{8.20}",
+        "ds:archive:hints:{9.23}", "ds:archive:hints:{10.40}", "ds:archive:hints:{11.43}",
+        "ds:archive:hints:{12.1}", "ds:archive:hints:{13.2}", "ds:archive:hints:{14.23}",
+        "ds:archive:hints:{15.20}",
+    ]  # fmt: skip

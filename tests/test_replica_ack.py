@@ -160,3 +160,48 @@ async def test_a_transient_failure_of_the_checks_is_not_a_refusal() -> None:
             await durability.check(client, require=True)
     finally:
         await client.aclose()
+
+
+async def test_the_archive_keeps_files_until_the_replicas_confirm(
+    primary_and_replica: tuple[EmbeddedRedis, EmbeddedRedis], tmp_path: Path
+) -> None:
+    """With --min-replicas-ack a worker deletes a file only once a write after what freed
+    it is confirmed by the replicas: else a failover could bring back a record naming it."""
+    import pyarrow as pa
+
+    from gateway.archive.files import Archive
+    from gateway.storage.client import general
+    from gateway.storage.scripts import NotReplicated, connect_scripts
+    from workers.archiver import Archiver, Policy
+
+    primary, replica = primary_and_replica
+    archive = Archive(str(tmp_path / "archive"))
+    archive.write("gone.parquet", pa.table({"data": [b"x"]}))
+    client = general(primary.url, cluster=False)
+    scripts = connect_scripts(
+        primary.url, cluster=False, max_connections=4, timeout=5, replica_ack=replica_ack(1, 0.3)
+    )
+    archiver = Archiver(client, archive, Policy(), scripts=scripts)
+    assert replica.process is not None
+    try:
+        await scripts.load()
+        async with archiver._leased("dead-stream") as lease:  # no such stream: nothing names the file
+            assert lease is not None
+            os.kill(replica.process.pid, signal.SIGSTOP)
+            try:
+                with pytest.raises(NotReplicated):
+                    await archiver._delete_unnamed(lease, "inc-1", [_segment("gone.parquet")])
+                assert "gone.parquet" in archive.files()  # kept: the replicas did not confirm
+            finally:
+                os.kill(replica.process.pid, signal.SIGCONT)
+            await archiver._delete_unnamed(lease, "inc-1", [_segment("gone.parquet")])
+            assert "gone.parquet" not in archive.files()
+    finally:
+        await scripts.aclose()
+        await client.aclose()
+
+
+def _segment(file: str):  # type: ignore[no-untyped-def]
+    from gateway.archive.segments import Segment
+
+    return Segment.parse(f"0 10 1 2 {file}")

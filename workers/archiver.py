@@ -57,7 +57,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import pyarrow as pa
-from redis.exceptions import ClusterError, RedisClusterException, SlotNotCoveredError, TryAgainError
+from redis.exceptions import RedisClusterException
 
 from gateway.archive.files import Archive
 from gateway.archive.schema import Row, to_table
@@ -95,16 +95,11 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-# Redis Cluster's "not now": no primary for a slot yet (a failover under way), or a slot
-# moving (TRYAGAIN); ClusterError also covers redis-py's "TTL exhausted" (redirects without end).
-_CLUSTER_AWAY = (ClusterError, SlotNotCoveredError, TryAgainError)
-
-
 def unavailable(exc: BaseException) -> bool:
     """Redis could not be reached or answered too late (or a cluster is failing over):
     nothing to fix here but to wait. A cluster client that reaches no node at all says so
     with a RedisClusterException caused by the connection error."""
-    if isinstance(exc, (*UNAVAILABLE, OSError, *_CLUSTER_AWAY)):
+    if isinstance(exc, (*UNAVAILABLE, OSError)):  # UNAVAILABLE has a cluster's "not now" too
         return True
     cause = exc.__cause__
     return isinstance(exc, RedisClusterException) and cause is not None and unavailable(cause)
@@ -580,6 +575,12 @@ class Archiver:
         for i in range(0, len(files), FORGET_BATCH):
             named = await self._call("archive_named", lease, inc, *files[i : i + FORGET_BATCH])
             keep.update(_text(f) for f in named)
+        if self.scripts.replica_ack is not None and set(files) - keep:
+            # --min-replicas-ack: what freed these files (a commit, retention, a delete) must be
+            # on the replicas before the files go, or a failover brings back a record naming
+            # them. Replication is in order: a write that waits for the replicas (the lease's
+            # renewal) confirms everything before it. NotReplicated: keep them, for now.
+            await self._call("archive_lease", lease, int(lease.seconds * 1000))
         for file in files:
             if file not in keep:
                 await asyncio.to_thread(self.archive.delete, file)

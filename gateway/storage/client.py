@@ -108,6 +108,9 @@ async def every_node(redis: Client, *, replicas: bool = False) -> list[dict[str,
     ``replicas``) of a cluster, one after the other; ``[{}]`` on a single Redis."""
     if not isinstance(redis, RedisCluster):
         return [{}]
+    # Read the slot map now: a cached one would miss a primary added since (these visits
+    # are rare: start-up checks, a reconciliation pass).
     await redis.initialize()
+    await redis.nodes_manager.initialize()
     nodes: list[ClusterNode] = redis.get_nodes() if replicas else redis.get_primaries()
     return [{"target_nodes": node} for node in nodes]

@@ -31,10 +31,12 @@ UNAVAILABLE = (
     redis.exceptions.ConnectionError,
     redis.exceptions.TimeoutError,
     redis.exceptions.BusyLoadingError,
-    # Redis Cluster (nothing routed through routing.py raises these, which it turns into
-    # NotSent; redis-py's cluster client may): no node answers, no slot map, a failover
-    redis.exceptions.RedisClusterException,
+    # Redis Cluster's "not now" from redis-py's cluster client (routing.py turns them into
+    # NotSent): a failover under way, a slot moving, redirects without end ("TTL
+    # exhausted"). Not RedisClusterException at large: it also means a bug (cross-slot keys).
     redis.exceptions.ClusterError,
+    redis.exceptions.SlotNotCoveredError,
+    redis.exceptions.TryAgainError,
 )
 
 
