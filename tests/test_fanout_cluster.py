@@ -345,3 +345,34 @@ async def test_nodes_without_sharded_pubsub_get_classic_subscriptions(
             return all(subscribers(cluster, node, sid, sharded=False) == 0 for node, sid in sids.items())
 
         await eventually(unsubscribed, "unsubscribed after the linger")
+
+
+async def test_a_failure_inside_routing_does_not_end_it(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug while routing channels (here: a rerouting that raises once) is logged and the
+    routing goes on: readers registered afterwards are subscribed and woken as ever."""
+    from gateway.storage import shards
+
+    failures = []
+    original = shards.Shards._reroute
+
+    def failing_once(self: shards.Shards) -> None:
+        if not failures:
+            failures.append(1)
+            raise KeyError("a bug")
+        original(self)
+
+    monkeypatch.setattr(shards.Shards, "_reroute", failing_once)
+    node = cluster.primaries[0]
+    async with cluster_fanout(cluster) as (fanout, publisher):
+        first = sid_on(cluster, node, "before")
+        async with fanout.watch(first) as watch:  # the first reroute raised; the next routes it
+            await confirmed(watch)
+            assert failures, "the failing reroute did not run"
+            await append_reaches(publisher, first, watch, 0)
+        later = sid_on(cluster, node, "after")
+        async with fanout.watch(later) as watch:
+            await confirmed(watch)
+            await append_reaches(publisher, later, watch, 0)
+        assert fanout._task is not None and not fanout._task.done(), "the routing task ended"

@@ -275,7 +275,9 @@ def create_app(
             timeout=settings.redis_timeout,
             replica_ack=replica_ack(settings.min_replicas_ack, settings.min_replicas_ack_timeout),
         )
-        pubsub_client = redis_client.general(redis_url, cluster=settings.redis_cluster)
+        # Its slot-map reads must not hang on one silent node (the listeners set their own).
+        timeouts = {"socket_timeout": 2.0, "socket_connect_timeout": 2.0} if settings.redis_cluster else {}
+        pubsub_client = redis_client.general(redis_url, cluster=settings.redis_cluster, **timeouts)
         cold = ColdReader(Archive(settings.archive_location), settings.archive_cache_bytes)
         store = Store(
             scripts, cold, settings.max_chunk_bytes, settings.notice_payload_bytes, settings.read_inline_bytes

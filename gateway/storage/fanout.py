@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Protocol
 
@@ -40,6 +41,8 @@ from . import keys
 from .channels import Channel, Watch
 from .listener import Listener
 from .shards import Shards
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from redis.asyncio.connection import AbstractConnection
@@ -77,9 +80,12 @@ class Fanout:
         self._task = asyncio.create_task(self._subscriber.run(), name="fanout")
 
     def stop_waiters(self) -> None:
-        """Graceful shutdown: every live reader wakes and finishes its response."""
+        """Graceful shutdown: every live reader wakes and finishes its response (one still
+        waiting for its subscription's confirmation included)."""
         self.stopping = True
         for channel in self._channels.values():
+            if not channel.confirmed.done():
+                channel.confirmed.set_result(None)
             for event in channel.waiters:
                 event.set()
 
@@ -91,8 +97,12 @@ class Fanout:
             self._expiry = None
         if self._task:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            try:
                 await self._task
+            except asyncio.CancelledError:
+                pass
+            except Exception:  # it should never have ended by itself: say so, and close anyway
+                log.exception("the pub/sub listener had failed")
         await self._redis.aclose()
 
     @contextlib.asynccontextmanager

@@ -272,24 +272,32 @@ class Listener:
     async def run(self) -> None:
         """Connect, serve, and after a failure reconnect (with backoff), until cancelled."""
         backoff = 0.1
+        loop = asyncio.get_running_loop()
         while True:
             self._begin()
-            connection = self._connection()
+            connection = None
+            began = loop.time()
             try:
+                connection = self._connection()
                 async with asyncio.timeout(self._health):
                     await connection.connect()
                     self._dialect = await self._handshake(connection)
-                backoff = 0.1
                 await self._listen(connection)
             except asyncio.CancelledError:
-                with contextlib.suppress(Exception):
-                    await connection.disconnect(nowait=True)
+                self._lost()  # nothing is subscribed any more: no reader may think otherwise
+                if connection is not None:
+                    with contextlib.suppress(Exception):
+                        await connection.disconnect(nowait=True)
                 raise
             except Exception as exc:  # rate-limited: Redis away for long is not a line a second
                 message = "%s connection lost (%r); reconnecting in %.1fs"
                 limited.log(logging.WARNING, f"lost {self._label}", message, self._label, exc, backoff)
-            with contextlib.suppress(Exception):
-                await connection.disconnect(nowait=True)
+            if connection is not None:
+                with contextlib.suppress(Exception):
+                    await connection.disconnect(nowait=True)
             self._lost()
+            # A connection that served a while was fine: start the backoff over. One refused
+            # at once each time (an ACL on channels, a cluster down) backs off as if unreachable.
+            backoff = 0.1 if loop.time() - began > self._health else backoff
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 5.0)

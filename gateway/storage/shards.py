@@ -183,17 +183,26 @@ class Shards:
             return False
         return True
 
+    def _reroute_or_retry(self) -> None:
+        """``_reroute``; a bug in it must not end the routing every reader depends on:
+        logged, and tried again after the next refresh."""
+        try:
+            self._reroute()
+        except Exception:
+            log.exception("redis cluster: routing pub/sub channels failed; trying again")
+            self._stale.set()
+
     async def run(self) -> None:
         try:
             await self._initialize()
             self._ready = True
-            self._reroute()
+            self._reroute_or_retry()
             while True:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(_CHECK_SECONDS):
                         await self._stale.wait()
                 if await self._refresh():
-                    self._reroute()
+                    self._reroute_or_retry()
                 else:
                     self._stale.set()
         finally:
