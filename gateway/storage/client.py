@@ -114,3 +114,9 @@ async def every_node(redis: Client, *, replicas: bool = False) -> list[dict[str,
     await redis.nodes_manager.initialize()
     nodes: list[ClusterNode] = redis.get_nodes() if replicas else redis.get_primaries()
     return [{"target_nodes": node} for node in nodes]
+
+
+def version(release: str) -> tuple[int, int]:
+    """A Redis release (``redis_version``, e.g. '7.0.15') as (major, minor)."""
+    parts = (release.strip().split(".") + ["0", "0"])[:2]
+    return int(parts[0]), int(parts[1])

@@ -31,8 +31,9 @@ from redis.crc import key_slot
 from redis.exceptions import NoScriptError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from ..protocol.models import text
 from ..telemetry import metrics
-from . import keys
+from . import client, keys
 from .client import NotSent, connect, every_node
 from .routing import ClusterRoute, DirectRoute, Route, did_not_run
 
@@ -113,6 +114,20 @@ class ReplicaAck:
         """How many replicas confirmed, from WAIT's or WAITAOF's reply."""
         return int(reply[1]) if self.aof else int(reply)
 
+    def shortfall(self, name: str, reply: Any) -> NotReplicated | None:
+        """Why a write that ran is not acknowledged, from its WAIT's reply (cut short: a
+        demoted primary; too few replicas in time), or None."""
+        if isinstance(reply, Exception):
+            missing = NotReplicated(f"{name}: stored, not confirmed by replicas: {reply}")
+            missing.__cause__ = reply
+            return missing
+        if self.confirmed(reply) < self.replicas:
+            return NotReplicated(
+                f"{name}: {self.confirmed(reply)} of {self.replicas} replicas confirmed "
+                f"within {self.timeout_ms} ms (--min-replicas-ack)"
+            )
+        return None
+
 
 def replica_ack(replicas: int, timeout_seconds: float) -> ReplicaAck | None:
     """``--min-replicas-ack`` and its timeout, as a ReplicaAck (None: 0, do not wait)."""
@@ -121,15 +136,10 @@ def replica_ack(replicas: int, timeout_seconds: float) -> ReplicaAck | None:
 
 def supports_waitaof(version: str) -> bool:
     """WAITAOF came with Redis 7.2."""
-    major, minor = (int(part) for part in (version.split(".") + ["0"])[:2])
-    return (major, minor) >= (7, 2)
+    return client.version(version) >= (7, 2)
 
 
 Item = TypeVar("Item")
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 class Scripts:
@@ -184,7 +194,7 @@ class Scripts:
             for target in await every_node(self._redis, replicas=True):
                 version = str((await self._redis.info("server", **target))["redis_version"])
                 appendonly = await self._redis.config_get("appendonly", **target)
-                if not supports_waitaof(version) or _text(appendonly.get("appendonly", "")) != "yes":
+                if not supports_waitaof(version) or text(appendonly.get("appendonly") or "") != "yes":
                     return False
         except RedisError:  # CONFIG forbidden (managed Redis), a node away: the safe choice
             return False
@@ -204,33 +214,41 @@ class Scripts:
         script = self._scripts[name]
         if self._direct:
             return await script(keys=script_keys, args=list(args))
-        ack = self.replica_ack if name in WRITES else None
-
-        def queue(pipe: Pipeline, by_sha: bool = True) -> None:
-            if by_sha:
-                pipe.evalsha(script.sha, len(script_keys), *script_keys, *args)
-            else:  # EVAL runs it and caches it on that node: on the same connection, after any ASKING
-                pipe.eval(_text(script.script), len(script_keys), *script_keys, *args)
-            if ack is not None:
-                ack.queue(pipe)
-
-        replies = await self.route.pipeline(script_keys[0], queue, raise_on_error=False)
+        one = [(script_keys, args)]
+        replies = await self.route.pipeline(
+            script_keys[0], lambda pipe: self._queue(pipe, name, one), raise_on_error=False
+        )
         if isinstance(replies[0], NoScriptError):  # it did not run (a node that never had it): send it whole
             replies = await self.route.pipeline(
-                script_keys[0], lambda pipe: queue(pipe, by_sha=False), raise_on_error=False
+                script_keys[0], lambda pipe: self._queue(pipe, name, one, by_sha=False), raise_on_error=False
             )
         if isinstance(replies[0], Exception):
             raise replies[0]
-        if ack is None:
-            return replies[0]
-        if isinstance(replies[1], Exception):  # the write ran; its WAIT failed (a demoted primary)
-            raise NotReplicated(f"{name}: stored, not confirmed by replicas: {replies[1]}") from replies[1]
-        if ack.confirmed(replies[1]) < ack.replicas:
-            raise NotReplicated(
-                f"{name}: {ack.confirmed(replies[1])} of {ack.replicas} replicas confirmed "
-                f"within {ack.timeout_ms} ms (--min-replicas-ack)"
-            )
+        ack = self._ack(name)
+        missing = ack.shortfall(name, replies[1]) if ack is not None else None
+        if missing is not None:
+            raise missing
         return replies[0]
+
+    def _ack(self, name: str) -> ReplicaAck | None:
+        """The replicas a script waits for: writes only (WRITES), with --min-replicas-ack."""
+        return self.replica_ack if name in WRITES else None
+
+    def _queue(
+        self, pipe: Pipeline, name: str, calls: Sequence[tuple[list[str], Sequence[Any]]], by_sha: bool = True
+    ) -> None:
+        """Script ``name`` once per (keys, args), then the replicas' WAIT (it covers every
+        write before it on the connection). ``by_sha`` False: EVAL, which also caches the
+        script on that node (on the same connection, after any ASKING)."""
+        script = self._scripts[name]
+        for script_keys, args in calls:
+            if by_sha:
+                pipe.evalsha(script.sha, len(script_keys), *script_keys, *args)
+            else:
+                pipe.eval(cast(str, script.script), len(script_keys), *script_keys, *args)
+        ack = self._ack(name)
+        if ack is not None:
+            ack.queue(pipe)
 
     async def command(self, key: str, *args: Any) -> Any:
         """One plain command on ``key`` (a read): on a cluster through the route, like the
@@ -275,29 +293,20 @@ class Scripts:
         async def together(indexes: list[int]) -> None:
             if len(indexes) == 1:
                 return await alone(indexes)
-            script = self._scripts[name]
-            ack = self.replica_ack if name in WRITES else None
-
-            def queue(pipe: Pipeline) -> None:
-                for i in indexes:
-                    script_keys, args = calls[i]
-                    pipe.evalsha(script.sha, len(script_keys), *script_keys, *args)
-                if ack is not None:
-                    ack.queue(pipe)  # waits for every write of this connection: the pipeline's
+            group = [calls[i] for i in indexes]
+            ack = self._ack(name)
 
             try:
-                replies = await timed(name, route.send_once(calls[indexes[0]][0][0], queue))
+                replies = await timed(
+                    name, route.send_once(group[0][0][0], lambda pipe: self._queue(pipe, name, group))
+                )
             except NotSent:
                 return await alone(indexes)  # none was sent
             except Exception as exc:
                 for i in indexes:
                     results[i] = exc
                 return None
-            missing = None
-            if ack is not None:
-                waited = replies.pop()
-                if isinstance(waited, Exception) or ack.confirmed(waited) < ack.replicas:
-                    missing = NotReplicated(f"{name}: not confirmed by {ack.replicas} replicas: {waited}")
+            missing = ack.shortfall(name, replies.pop()) if ack is not None else None
             again = []
             for i, reply in zip(indexes, replies, strict=True):
                 if did_not_run(reply) or isinstance(reply, NoScriptError):

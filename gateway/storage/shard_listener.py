@@ -24,6 +24,7 @@ from redis.crc import key_slot
 from redis.exceptions import AskError, ResponseError
 
 from .channels import Channel
+from .client import version
 from .listener import CLASSIC, SHARDED, SUBSCRIBE_BATCH, Command, Dialect, Listener
 
 if TYPE_CHECKING:
@@ -37,12 +38,12 @@ def slot_of(name: str) -> int:
     return key_slot(name.encode())
 
 
-def _version(info: Any) -> tuple[int, ...]:
+def _version(info: Any) -> tuple[int, int]:
     """``redis_version`` from an ``INFO server`` reply."""
     text = info.decode() if isinstance(info, bytes) else str(info)
     for line in text.splitlines():
         if line.startswith("redis_version:"):
-            return tuple(int(part) for part in line.split(":", 1)[1].strip().split(".")[:2])
+            return version(line.split(":", 1)[1])
     return (0, 0)
 
 
@@ -113,8 +114,8 @@ class ShardListener(Listener):
 
     async def _handshake(self, connection: AbstractConnection) -> Dialect:
         await connection.send_command("INFO", "server", check_health=False)
-        version = _version(await connection.read_response())
-        return SHARDED if version >= (7, 0) else CLASSIC
+        release = _version(await connection.read_response())
+        return SHARDED if release >= (7, 0) else CLASSIC
 
     def _begin(self) -> None:
         super()._begin()
