@@ -255,6 +255,7 @@ async def test_a_silent_primary_does_not_hold_up_the_others(cluster: Cluster) ->
         watches = [await stack.enter_async_context(fanout.watch(sid)) for sid in sids]
         for watch in watches:
             await confirmed(watch)
+        await publisher.initialize()  # its slot map now: the seed node may be the one silenced
         woken = asyncio.create_task(watches[0].wait(RECOVER_SECONDS))
         try:
             await asyncio.to_thread(cluster.pause, silent)
