@@ -136,7 +136,8 @@ HELP = {
     "redis_cluster": "--redis-url is a node of a Redis Cluster (redis-py's RedisCluster.from_url: the "
     "other nodes are found from it); streams are spread over its shards by hash slot",
     "min_replicas_ack": "acknowledge a write only once this many replicas have it (WAIT; WAITAOF, "
-    "their disks, on Redis 7.2+); 0: once the primary has it (docs/scaling.md, Replica durability)",
+    "their disks, on a Redis 7.2+ cluster whose nodes all keep an AOF); 0: once the primary has it "
+    "(docs/scaling.md, Replica durability)",
     "min_replicas_ack_timeout": "seconds a write waits for --min-replicas-ack replicas; then the "
     "client gets 504 (append) or 503: stored on the primary, not confirmed by enough replicas",
     "data_dir": "where the embedded Redis keeps its data",
