@@ -375,7 +375,10 @@ class Cluster:
             if agreed[node.id].role == "replica":
                 with self.connect(node) as c:
                     replication = c.info("replication")
-                if replication["master_link_status"] != "up" or replication["master_sync_in_progress"]:
+                # A node mid-failover may answer as a primary still (no link fields yet): not there.
+                link = replication.get("master_link_status")
+                syncing = replication.get("master_sync_in_progress")
+                if link != "up" or syncing:
                     return f"{node}: link to its primary not up (or still syncing)"
         for node in live:
             node.role = agreed[node.id].role
