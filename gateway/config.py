@@ -84,6 +84,15 @@ class Settings:
     rate_limits: str = ""
     max_live_connections: int = 20000
     max_live_per_credential: int = 1000
+    # subscriptions (README, Subscriptions): the API on every gateway, delivery by
+    # `durable-streams deliver` workers
+    webhook_allow: str = ""
+    subscription_max_streams: int = 1000
+    webhook_timeout: float = 10.0
+    webhook_concurrency: int = 256
+    webhook_signing_key_file: str | None = None
+    deliver_poll_seconds: float = 0.1
+    deliver_sweep_seconds: float = 5.0
 
     @property
     def auth_enabled(self) -> bool:
@@ -125,6 +134,15 @@ WORKER = (
     "archive_stall_seconds",
     "retention_seconds",
     "metrics_port",
+)
+# `durable-streams deliver` (the subscription delivery worker): these, COMMON and
+# webhook_allow (which gateways check at creation too) and metrics_port.
+DELIVERY = (
+    "webhook_timeout",
+    "webhook_concurrency",
+    "webhook_signing_key_file",
+    "deliver_poll_seconds",
+    "deliver_sweep_seconds",
 )
 
 
@@ -232,6 +250,18 @@ HELP = {
     "max_live_connections": "live reads (SSE, long-poll) one process holds at once; more get 503",
     "max_live_per_credential": "live reads one credential (or anonymous client address) may "
     "hold on one process; more get 503",
+    "webhook_allow": "webhook targets exempt from the SSRF rules (https only, public addresses only): "
+    "comma-separated networks and host names, e.g. '127.0.0.0/8,localhost,*.svc.cluster.local' (they "
+    "may use http:// and private addresses); checked at creation and at every delivery",
+    "subscription_max_streams": "most explicit streams one subscription request may name",
+    "webhook_timeout": "seconds a webhook receiver has to answer a delivery (then it is retried)",
+    "webhook_concurrency": "webhook deliveries one worker has in flight at once",
+    "webhook_signing_key_file": "an Ed25519 private key (PKCS#8 PEM, e.g. from a Secret) to sign "
+    "webhooks with: added to the keys in Redis and signing from now on; unset: a key made and "
+    "kept in Redis (`durable-streams webhook-keys rotate` replaces it)",
+    "deliver_poll_seconds": "how often a delivery worker looks at what is due (wakes, retries, leases)",
+    "deliver_sweep_seconds": "how often a delivery worker looks at every outbox for wakes it was not "
+    "told of (Redis Cluster: 16384 small reads)",
 }
 
 
@@ -360,6 +390,8 @@ PARSERS: dict[str, Parse] = {
     "max_json_messages": _whole(1),
     "max_inflight_body_bytes": _whole(1),
     "archive_file_bytes": _whole(1),
+    "webhook_concurrency": _whole(1),
+    "subscription_max_streams": _whole(1),
     **{
         name: _number(positive=True)
         for name in (
@@ -376,6 +408,9 @@ PARSERS: dict[str, Parse] = {
             "archive_stall_seconds",
             "auth_signed_url_max_seconds",
             "min_replicas_ack_timeout",
+            "webhook_timeout",
+            "deliver_poll_seconds",
+            "deliver_sweep_seconds",
         )
     },
 }
@@ -415,7 +450,7 @@ def _env_default(name: str, default: object) -> object:
 
 
 def serve_settings() -> list[str]:
-    return [f.name for f in fields(Settings) if f.name not in WORKER]
+    return [f.name for f in fields(Settings) if f.name not in WORKER + DELIVERY]
 
 
 def add_arguments(

@@ -90,7 +90,14 @@ def _stop(proc: subprocess.Popen) -> None:
 @contextlib.contextmanager
 def archive_worker(server: Running, *extra_args: str) -> Iterator[subprocess.Popen]:
     """An archive worker beside ``ours`` (its embedded Redis, its data dir)."""
-    cmd = [sys.executable, "-m", "gateway", "archive", "--data-dir", server.data_dir,
+    with worker(server, "archive", *extra_args) as proc:
+        yield proc
+
+
+@contextlib.contextmanager
+def worker(server: Running, command: str, *extra_args: str) -> Iterator[subprocess.Popen]:
+    """A worker (``archive``, ``deliver``) beside ``ours`` (its embedded Redis, its data dir)."""
+    cmd = [sys.executable, "-m", "gateway", command, "--data-dir", server.data_dir,
            "--log-level", "warning", *extra_args]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
     try:

@@ -23,6 +23,9 @@
 -- Positions are byte positions in the stream; the log entry that starts at
 -- position P has the id "P-1" (0-0 is not a valid stream id).
 local META, LOG, PROD, FORKS, CHANNEL, SEGS = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[7]
+-- Subscriptions (create.lua, append.lua): the stream's links (keys.stream_subs), its
+-- slot's outbox (the last key) and the channel that wakes the workers (ARGV).
+local SUBS, OUTBOX, WAKE = KEYS[6], KEYS[#KEYS], ''
 -- How notices go out: on Redis Cluster, sharded pub/sub (SPUBLISH reaches only the
 -- slot's shard, where the stream's readers subscribe: gateway/storage/fanout.py),
 -- except on Redis < 7 (no sharded pub/sub, and no REDIS_VERSION_NUM); else PUBLISH.
@@ -194,6 +197,18 @@ local function read_from(m, from, hi, budget, whole, max_entries, inline)
     return {{}, 'bulk'}
   end
   return {collect(from, hi, budget, whole, max_entries)}
+end
+
+-- A stream with subscription links (SUBS, keys.stream_subs), or any new stream when
+-- `always`, goes in its slot's OUTBOX (keys.subs_outbox) for the subscription
+-- workers; the first time since they took it, the outbox's name goes out on the
+-- WAKE channel (PUBLISH: on Redis Cluster it reaches every node's subscribers).
+local function record_for_subscribers(always)
+  if not always and redis.call('EXISTS', SUBS) == 0 then return end
+  local sid = string.sub(META, #'ds:{' + 1, -#'}:meta' - 1)
+  if redis.call('ZADD', OUTBOX, 'NX', now_ms(), sid) == 1 and WAKE ~= '' then
+    redis.call('PUBLISH', WAKE, OUTBOX)
+  end
 end
 
 -- Append entries ARGV[first..last] at the tail; returns the new tail. Each

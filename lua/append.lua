@@ -2,14 +2,20 @@
 -- (gateway/storage/appends.py), to one or more streams: each checked and applied in
 -- order exactly as if it came alone (content type, closure, Stream-Seq and
 -- idempotent producer checks), committed together with its data.
--- KEYS: the five stream keys (_prelude.lua) of each stream, one after another.
---   On Redis Cluster every stream of a call hashes to one slot: the gateway
---   splits a batch by slot (gateway/storage/appends.py).
+-- KEYS: the five stream keys (_prelude.lua) of each stream and its subscription
+--   links (keys.stream_subs), one stream after another, then the outbox of the
+--   slot (keys.subs_outbox). On Redis Cluster every stream of a call hashes to
+--   one slot: the gateway splits a batch by slot (gateway/storage/appends.py).
 -- ARGV: 1 largest amount of appended bytes that rides along in a notice,
+--   2 the channel that wakes subscription workers,
 --   then per stream (in KEYS order): its number of appends, then per append:
 --   content type normalized ('' when the body is empty), '1' to close after
 --   appending, Stream-Seq ('' none), producer id ('' none), producer epoch,
 --   producer seq, entry count k, and the k entries (none = close-only).
+-- A stream with subscribers (its links exist) whose tail moved is put in the
+-- outbox for the subscription workers (workers/delivery.py), in this script: a
+-- crash after it cannot lose the wake; the first such append since the workers
+-- last took it also publishes the outbox's name on the wake channel.
 -- Publishes (publish() in _prelude.lua) one notice per changed stream on its notify channel:
 --   "<old tail> <new tail> <closed 0|1>", plus for small appends
 --   " <len>,<len>,...\n<data><data>..." (gateway/protocol/notices.py).
@@ -28,6 +34,7 @@
 --   {'error', 'none' | 'partial', message}  failed; 'none': nothing written
 local now = now_ms()
 local results = {}
+WAKE = ARGV[2]
 
 local function error_text(e)
   if type(e) == 'table' then return tostring(e.err or e.msg or '?') end
@@ -46,6 +53,7 @@ local function finish_stream(m, old_tail, was_closed, appended)
       notice = notice .. ' ' .. table.concat(sizes, ',') .. '\n' .. table.concat(datas)
     end
     publish(notice)
+    record_for_subscribers(false)
   end
 end
 
@@ -131,10 +139,10 @@ local function append_stream(i)
   return i
 end
 
-local i = 2
-for k = 0, #KEYS / 5 - 1 do
-  META, LOG, PROD, FORKS, CHANNEL = KEYS[5 * k + 1], KEYS[5 * k + 2], KEYS[5 * k + 3], KEYS[5 * k + 4],
-    KEYS[5 * k + 5]
+local i = 3
+for k = 0, (#KEYS - 1) / 6 - 1 do
+  META, LOG, PROD, FORKS, CHANNEL, SUBS = KEYS[6 * k + 1], KEYS[6 * k + 2], KEYS[6 * k + 3], KEYS[6 * k + 4],
+    KEYS[6 * k + 5], KEYS[6 * k + 6]
   i = append_stream(i)
 end
 return results

@@ -10,12 +10,16 @@
 --   recorded as 'chain_uids'; a fork made before incarnations were has none),
 --   14 the source's incarnation (its 'uid', recorded as 'src_uid'; '' not a
 --   fork), 15 '1' for a weak fork (recorded as 'weak': not in its source's
---   FORKS, see fork_ref.lua), 16.. initial entries.
+--   FORKS, see fork_ref.lua), 16 '1' when a subscription worker runs (the new
+--   stream goes in the outbox, to be matched; else only if it has links), 17 the
+--   channel that wakes subscription workers, 18.. initial entries.
+-- KEYS: the five stream keys, 6 its subscription links, 7 its slot's outbox.
 -- Returns {'created', meta} | {'exists', meta} | {'conflict', source id of the
 --   existing stream or ''}.
 local ct, ctn, ttl, exp_at, expires, closed = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local src, fork_off, fork_sub, base, chain = ARGV[7], ARGV[8], ARGV[10], ARGV[11], ARGV[12]
 local chain_uids, src_uid, weak = ARGV[13], ARGV[14], ARGV[15]
+WAKE = ARGV[17]
 local now = now_ms()
 local m, status = open_stream(now)
 if status == 'gone' then return {'conflict', m.src or ''} end
@@ -41,8 +45,9 @@ if src ~= '' then
   m.chain = chain; m.chain_uids = chain_uids; m.src_uid = src_uid
   if weak == '1' then m.weak = '1' end
 end
-m.tail = fmt(add_entries(m, 16, #ARGV, now))
+m.tail = fmt(add_entries(m, 18, #ARGV, now))
 if closed == '1' then m.closed = '1' end
 redis.call('HSET', META, unpack(flat(m)))
 if m.exp then apply_expiry(m) end
+record_for_subscribers(ARGV[16] == '1')
 return {'created', flat(m)}

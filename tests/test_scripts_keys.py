@@ -17,7 +17,8 @@ import pytest
 from gateway.storage.scripts import NAMES, source
 
 # Commands that take no key.
-_KEYLESS = {"TIME"}
+# PUBLISH takes a channel: the wake channel comes in ARGV (PUBLISH reaches every node).
+_KEYLESS = {"TIME", "PUBLISH"}
 _CALL = re.compile(r"redis\.p?call\(\s*'([A-Z]+)'\s*(?:,\s*([^,)]+))?")
 # Every way a script binds a name: `local a, b = ...`, `a, b = ...`, `for _, a in ...`.
 _LOCAL = re.compile(r"^\s*(?:local\s+)?([A-Za-z_][\w]*(?:\s*,\s*[A-Za-z_]\w*)*)\s*=(?!=)\s*(.+)$")

@@ -20,7 +20,7 @@ from importlib.metadata import entry_points
 from aiohttp import web
 
 from .. import __version__, config
-from ..protocol import access, quotas
+from ..protocol import access, quotas, ssrf
 from ..telemetry import logs
 from . import check, migrate
 from .embedded import EmbeddedRedis, Supervisor
@@ -34,6 +34,7 @@ COMMANDS = "durable_streams.commands"
 RULES: dict[str, Callable[[str], object]] = {
     "rate_limits": quotas.parse_rules,
     "auth_anonymous": access.parse_grants,
+    "webhook_allow": ssrf.parse_allow_list,
 }
 
 

@@ -20,6 +20,7 @@ from ..archive.files import Archive
 from ..config import Settings, conflict, from_env
 from ..protocol import browser, caching
 from ..protocol.errors import ProtocolError
+from ..protocol.ssrf import parse_allow_list
 from ..storage import client as redis_client
 from ..storage.fanout import Fanout
 from ..storage.outcomes import UNAVAILABLE
@@ -29,7 +30,7 @@ from ..storage.scripts import connect_scripts, replica_ack
 from ..storage.store import Store
 from ..telemetry import metrics
 from ..telemetry.logs import QUIET_MALFORMED, RateLimited
-from . import handlers
+from . import handlers, subscriptions
 from .accesslog import AccessLog
 from .bodies import BodyBudget
 from .context import GATEWAY, Gateway
@@ -50,6 +51,8 @@ def _error_response(request: web.Request, exc: Exception) -> web.Response:
     Redis unreachable or refusing → 503; anything else is a bug → 500. Logged one line
     per kind at most every few seconds, so a flood of bad requests is no flood of logs."""
     if isinstance(exc, ProtocolError):
+        if exc.body is not None:
+            return web.json_response(exc.body, status=exc.status, headers=exc.headers)
         return web.Response(status=exc.status, text=exc.message + "\n", headers=exc.headers)
     if isinstance(exc, UNAVAILABLE):
         limited.log(logging.WARNING, "unavailable", "redis unavailable: %s", exc)
@@ -295,6 +298,7 @@ def create_app(
             bodies=BodyBudget(settings.max_inflight_body_bytes),
             guard=guard,
             preflight=preflight,
+            webhook_policy=parse_allow_list(settings.webhook_allow),
         )
         store.hints.enabled = settings.archive_hints
         app[HINTS_TASK] = asyncio.create_task(store.hints.run())
@@ -346,6 +350,8 @@ def create_app(
     for path, handler in (("/healthz", healthz), ("/readyz", readyz), ("/metrics", metrics_page)):
         name = path.strip("/")
         _add_routes(app, path, name, {"GET": handler, "HEAD": handler}, _admit_ops(name), access=access)
+    for name, path, methods in subscriptions.routes(settings.prefix):
+        _add_routes(app, path, name, methods, storage=True, access=access)
     streams = settings.prefix.rstrip("/") + "/{path:.*}"
     _add_routes(app, streams, _stream_route, stream, Guard.admit_stream, storage=True, access=access)
     app.router.add_route("*", "/{anything:.*}", endpoint(_not_found, "other", access=access))

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from ..config import Settings
+from ..protocol.ssrf import TargetPolicy
 from ..storage.fanout import Fanout
 from ..storage.preflight import Preflight
 from ..storage.store import Store
@@ -22,6 +23,7 @@ class Gateway:
     bodies: BodyBudget
     guard: Guard
     preflight: Preflight  # ready: Redis passed the start-up checks (until then stream requests get 503)
+    webhook_policy: TargetPolicy  # --webhook-allow: where webhooks may go besides public https
 
 
 GATEWAY = web.AppKey("gateway", Gateway)

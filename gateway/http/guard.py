@@ -103,10 +103,14 @@ class Guard:
 
     async def admit_stream(self, request: web.Request) -> None:
         """A stream request: origin, then credentials and grants, then rate limits."""
+        await self.admit_path(request, request.match_info["path"], access.required_scope(request.method))
+
+    async def admit_path(self, request: web.Request, path: str, scope: Scope) -> None:
+        """Origin, then credentials and ``scope`` on ``path``, then rate limits: a stream's
+        request, or a subscription API's (its path: ``__ds/subscriptions/<id>``)."""
         method = request.method
         if method == "OPTIONS":  # a preflight carries no credentials: answered for anyone
             return
-        path = request.match_info["path"]
         if self.local_names is not None:
             host = request.host
             if not browser.local_host(host) and host.lower() not in self.local_names:
@@ -118,7 +122,6 @@ class Guard:
                 browser.check_origin(self.cors, origin, same)
         if self.auth is None and self.limiter is None:
             return
-        scope = access.required_scope(method)
         principal = OPEN
         if self.auth is not None:
             try:

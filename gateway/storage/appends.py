@@ -150,14 +150,16 @@ class Appends:
         for index in part:
             by_stream.setdefault(batch[index][0], []).append(index)
         script_keys: list[str] = []
-        args: list[Any] = [self.notice_payload_bytes]
+        args: list[Any] = [self.notice_payload_bytes, keys.SUBS_WAKE_CHANNEL]
         order: list[int] = []
         for sid, indexes in by_stream.items():
             script_keys += keys.stream_keys(sid)
+            script_keys.append(keys.stream_subs(sid))
             args.append(len(indexes))
             for i in indexes:
                 args += batch[i][2]
             order += indexes
+        script_keys.append(keys.subs_outbox(batch[part[0]][0], self.scripts.cluster))
         return script_keys, args, order
 
 

@@ -11,7 +11,9 @@ readable in ``redis-cli``, reversible, and unable to close the hash tag early.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import zlib
 
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
@@ -147,3 +149,113 @@ def notify_channel(sid: str) -> str:
 def channel_stream_id(channel: str) -> str:
     """The stream id a notify channel belongs to."""
     return key_stream_id(channel)
+
+
+# -- subscriptions (storage/subscriptions.py, workers/delivery.py) -------------------
+
+
+def stream_subs(sid: str) -> str:
+    """A stream's side of its subscription links (hash: subscription id -> 'e'|'g'|'eg',
+    and '_inc': the incarnation last matched against the patterns). In the stream's
+    slot: append.lua and create.lua check it to know the stream has subscribers. It
+    outlives the stream (delete.lua leaves it), as explicit links do."""
+    return f"{PREFIX}:{{{sid}}}:subs"
+
+
+# Streams whose subscribers are to be told of them (sorted set: stream id -> when due,
+# ms), written by append.lua and create.lua in the stream's own slot. One key on one
+# Redis; on Redis Cluster one per slot (a script may touch only its slot's keys), named
+# by a hash tag that falls in that slot (``subs_outbox``).
+SUBS_OUTBOX = f"{PREFIX}:subs:outbox"
+# Where a new outbox entry is announced (PUBLISH of the outbox's name): workers wake.
+SUBS_WAKE_CHANNEL = f"{PREFIX}:subs:wake"
+# Pattern subscriptions (hash: id -> pattern) and a counter raised on every change:
+# workers match new streams against them, gateways check whether any exist.
+SUBS_INDEX = f"{{{PREFIX}:subs:index}}"
+SUBS_INDEX_VERSION = f"{{{PREFIX}:subs:index}}:v"
+# Set by every running delivery worker (with an expiry it keeps renewing): gateways record
+# new streams in the outboxes only while it exists (storage/subscriptions.py WorkersAlive).
+SUBS_WORKER_ALIVE = f"{PREFIX}:subs:alive"
+# Webhook signing keys (hash: kid -> JSON with the PKCS#8 PEM and its times), shared by
+# every gateway (JWKS) and worker (signing); and the secret callback tokens are signed with.
+WEBHOOK_KEYS = f"{PREFIX}:webhook:keys"
+SUBS_TOKEN_SECRET = f"{PREFIX}:subs:token-secret"
+# How many groups subscriptions are spread over on Redis Cluster (each group's keys and
+# schedule share a slot, as the hint keys do); one on one Redis.
+SUB_GROUPS = 16
+
+
+@functools.cache
+def _slot_tags() -> tuple[str, ...]:
+    """For every Cluster slot, a short hash tag that falls in it (computed once, ~0.5 s:
+    about 300k CRC16s of hex counters; only on Redis Cluster)."""
+    tags: list[str | None] = [None] * REDIS_CLUSTER_HASH_SLOTS
+    missing, n = REDIS_CLUSTER_HASH_SLOTS, 0
+    while missing:
+        tag = format(n, "x")
+        slot = key_slot(tag.encode())
+        if tags[slot] is None:
+            tags[slot] = tag
+            missing -= 1
+        n += 1
+    return tuple(t for t in tags if t is not None)
+
+
+def subs_outbox(sid: str, cluster: bool) -> str:
+    """The outbox a stream's appends record wakes in: on Redis Cluster its slot's."""
+    if not cluster:
+        return SUBS_OUTBOX
+    return _outbox_of_slot(key_slot(stream_keys(sid)[0].encode("utf-8", "surrogatepass")))
+
+
+def _outbox_of_slot(slot: int) -> str:
+    return f"{SUBS_OUTBOX}:{{{_slot_tags()[slot]}}}"
+
+
+def outbox_keys(cluster: bool, slots: list[int] | None = None) -> list[str]:
+    """Every outbox (or those of ``slots``)."""
+    if not cluster:
+        return [SUBS_OUTBOX]
+    return [_outbox_of_slot(s) for s in (range(REDIS_CLUSTER_HASH_SLOTS) if slots is None else slots)]
+
+
+def sub_id(sub: str) -> str:
+    """A subscription id as it goes in key names: encoded like stream ids, and ``:`` too,
+    so no subscription key ends like a stream's meta (``META_PATTERN``)."""
+    return stream_id(sub).replace(":", "%3A")
+
+
+def _group_tag(group: int) -> str:
+    """Group ``group``'s hash tag: the first ``subs.<group>.<n>`` falling in the
+    group-th equal part of the slots (spread like the hint keys)."""
+    width = REDIS_CLUSTER_HASH_SLOTS // SUB_GROUPS
+    n = 0
+    while True:
+        tag = f"subs.{group}.{n}"
+        if key_slot(tag.encode()) // width == group:
+            return tag
+        n += 1
+
+
+_GROUP_TAGS = tuple(_group_tag(g) for g in range(SUB_GROUPS))
+
+
+def sub_group(sub: str, cluster: bool) -> int:
+    return zlib.crc32(sub.encode("utf-8", "surrogatepass")) % SUB_GROUPS if cluster else 0
+
+
+def due_key(group: int) -> str:
+    return f"{PREFIX}:{{{_GROUP_TAGS[group]}}}:due"
+
+
+def due_keys(cluster: bool) -> list[str]:
+    """Every group's schedule of subscriptions with something due (sorted set: id -> ms)."""
+    return [due_key(g) for g in range(SUB_GROUPS if cluster else 1)]
+
+
+def sub_keys(sub: str, cluster: bool) -> list[str]:
+    """A subscription's state, links, pending and its group's schedule: the KEYS of
+    every sub_*.lua script (lua/_subs.lua), one hash tag (the group's)."""
+    group = sub_group(sub, cluster)
+    tag, sid = f"{PREFIX}:{{{_GROUP_TAGS[group]}}}", sub_id(sub)
+    return [f"{tag}:s:{sid}", f"{tag}:l:{sid}", f"{tag}:p:{sid}", due_key(group)]

@@ -58,11 +58,36 @@ NAMES = (
     "archive_retain",
     # KEYS: token buckets (keys.rate_bucket), no stream's; see storage/ratelimit.py
     "rate_limit",
+    # subscriptions (storage/subscriptions.py): a stream's side (its links, its slot's outbox)
+    "stream_subs",
+    "stream_link",
+    "outbox_take",
+    "outbox_done",
+    "due_take",
+    "index_set",
+    # a subscription's side (KEYS: keys.sub_keys; _subs.lua put in front)
+    "sub_create",
+    "sub_get",
+    "sub_delete",
+    "sub_links",
+    "sub_note",
+    "sub_step",
+    "sub_result",
+    "sub_claim",
+    "sub_ack",
 )
 # Scripts whose writes a client is told of: with --min-replicas-ack they wait for the
 # replicas. Not the reads (a sliding TTL's refresh may be lost with a failover), nor
 # rate_limit (its buckets are not replicated at all).
-WRITES = frozenset(NAMES) - {"read", "read_range", "archive_named", "archive_check", "rate_limit"}
+WRITES = frozenset(NAMES) - {
+    "read",
+    "read_range",
+    "archive_named",
+    "archive_check",
+    "rate_limit",
+    "stream_subs",
+    "sub_get",
+}
 _CLUSTER_MARK = "local CLUSTER = false --[[cluster]]"
 
 
@@ -73,6 +98,8 @@ def source(name: str, cluster: bool = False) -> str:
     prelude = (folder / "_prelude.lua").read_text()
     if cluster:
         prelude = prelude.replace(_CLUSTER_MARK, "local CLUSTER = true")
+    if name.startswith("sub_"):
+        prelude += "\n" + (folder / "_subs.lua").read_text()
     return prelude + "\n" + (folder / f"{name}.lua").read_text()
 
 

@@ -24,12 +24,14 @@ from ..archive.cold import ColdReader
 from ..protocol.errors import ProtocolError
 from ..protocol.headers import DEFAULT_CONTENT_TYPE, Expiry, normalize_content_type
 from ..protocol.models import CreateSpec, Meta, text
+from . import keys
 from .appends import Appends
 from .forks import ForkPlan, Forks
 from .hints import Hints
 from .outcomes import not_found
 from .reads import Reads
 from .scripts import Scripts
+from .subscriptions import Subscriptions
 
 
 class Store:
@@ -47,6 +49,7 @@ class Store:
         self.reads = Reads(scripts, cold, max_chunk_bytes, read_inline_bytes)
         self.appends = Appends(self.scripts, self.hints, notice_payload_bytes)
         self.forks = Forks(self.scripts, self.reads, max_chunk_bytes)
+        self.subscriptions = Subscriptions(scripts)
         # Appends and reads are the collaborators' own methods, bound here: no wrapper that
         # repeats their signatures and costs every request a coroutine (see appends.py, reads.py).
         self.append = self.appends.append
@@ -90,25 +93,35 @@ class Store:
         expiry: Expiry,
         fork: ForkPlan | None,
     ) -> tuple[bool, Meta]:
-        result = await self.scripts.on_stream(
+        script_keys = [
+            *keys.stream_keys(sid),
+            keys.stream_subs(sid),
+            keys.subs_outbox(sid, self.scripts.cluster),
+        ]
+        record = await self.subscriptions.workers.alive()
+        result = await self.scripts.run(
             "create",
-            sid,
-            content_type,
-            media_type,
-            "" if expiry.ttl_seconds is None else expiry.ttl_seconds,
-            "" if expiry.expires_at_ms is None else expiry.expires_at_ms,
-            expiry.expires_at or "",
-            "1" if spec.closed else "0",
-            fork.source.sid if fork else "",
-            fork.given_offset if fork else "",
-            fork.fork_offset if fork else "",
-            spec.fork_sub_offset,
-            fork.base if fork else 0,
-            json.dumps([[s, lo, hi] for s, lo, hi, _ in fork.chain] if fork else []),
-            json.dumps([uid for _, _, _, uid in fork.chain] if fork else []),
-            (fork.source.uid or "") if fork else "",
-            "1" if fork and not spec.pin_source else "0",
-            *spec.entries,
+            script_keys,
+            [
+                content_type,
+                media_type,
+                "" if expiry.ttl_seconds is None else expiry.ttl_seconds,
+                "" if expiry.expires_at_ms is None else expiry.expires_at_ms,
+                expiry.expires_at or "",
+                "1" if spec.closed else "0",
+                fork.source.sid if fork else "",
+                fork.given_offset if fork else "",
+                fork.fork_offset if fork else "",
+                spec.fork_sub_offset,
+                fork.base if fork else 0,
+                json.dumps([[s, lo, hi] for s, lo, hi, _ in fork.chain] if fork else []),
+                json.dumps([uid for _, _, _, uid in fork.chain] if fork else []),
+                (fork.source.uid or "") if fork else "",
+                "1" if fork and not spec.pin_source else "0",
+                "1" if record else "0",
+                keys.SUBS_WAKE_CHANNEL,
+                *spec.entries,
+            ],
         )
         status = text(result[0])
         if status == "conflict":

@@ -92,6 +92,30 @@ ARCHIVE_LAG = Gauge(
 
 # 1 per process group (a pod): "max" over its processes, so sum() over pods counts the
 # pods running each build, however many workers each has.
+# The subscription delivery worker's (durable-streams deliver)
+WEBHOOK_DELIVERIES = Counter(
+    "ds_webhook_deliveries_total",
+    'Webhook deliveries by outcome: done (answered {"done": true}), accepted (2xx: the receiver '
+    "calls back), failed (an error status, a timeout, unreachable: retried), rejected (its address "
+    "failed the SSRF rules at delivery: retried)",
+    ["outcome"],
+)
+WEBHOOK_SECONDS = Histogram(
+    "ds_webhook_delivery_seconds",
+    "Time from sending a webhook to its answer",
+    buckets=(*_FAST, 5.0, 10.0, 30.0),
+)
+WAKES = Counter("ds_subscription_wakes_total", "Wakes sent (webhooks) or written (pull-wake)", ["type"])
+WAKE_LAG = Histogram(
+    "ds_subscription_wake_lag_seconds",
+    "Time from an append recording a wake (the stream's outbox entry) to its subscriptions being told",
+    buckets=(*_FAST, 5.0, 10.0, 30.0, 60.0),
+)
+SUBSCRIPTIONS_DUE = Gauge(
+    "ds_subscriptions_due",
+    "Subscriptions with something due now (deliveries, retries, expired leases), as this worker last saw",
+    multiprocess_mode="max",
+)
 BUILD_INFO = Gauge(
     "ds_build_info",
     "This server's build: always 1 (sum() counts the pods running each version)",

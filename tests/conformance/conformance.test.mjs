@@ -17,6 +17,9 @@ if (token) {
 
 const { runConformanceTests } = await import("@durable-streams/server-conformance-tests")
 
+// subscriptions: the reserved __ds/subscriptions APIs and their delivery (protocol
+// sections 6-7), which upstream's suite runs only when asked, as upstream runs it.
 runConformanceTests({
   baseUrl: process.env.CONFORMANCE_BASE_URL ?? "http://127.0.0.1:4437",
+  subscriptions: true,
 })

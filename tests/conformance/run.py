@@ -69,7 +69,7 @@ def main() -> int:
 
 def _run(args: argparse.Namespace, redis: list[str]) -> int:
     """The suite against a gateway started here; ``redis``: its Redis options (none: embedded)."""
-    from loadtest.servers import archive_worker, start
+    from loadtest.servers import archive_worker, start, worker
 
     # A fresh embedded Redis; a short long-poll timeout keeps the suite's timeout tests quick.
     extra = ["--read-inline-bytes", "0"] if args.archive else []
@@ -80,7 +80,12 @@ def _run(args: argparse.Namespace, redis: list[str]) -> int:
         tokens = Path(folder, "tokens.json")
         tokens.write_text(json.dumps({"tokens": [{"name": "suite", "token": token, "grants": "admin:"}]}))
         extra += ["--auth-tokens-file", str(tokens), "--rate-limits", "write:=100000/s read:=100000/s"]
-    with start("ours", "--long-poll-timeout", "3", *redis, *extra) as gateway:
+    # The suite's webhook receivers listen on loopback: allowed here, refused by default.
+    loopback = ["--webhook-allow", "127.0.0.0/8"]
+    with (
+        start("ours", "--long-poll-timeout", "3", *redis, *extra, *loopback) as gateway,
+        worker(gateway, "deliver", *redis, *loopback),
+    ):
         base_url = gateway.base_url.removesuffix("/v1/stream")
         if not args.archive:
             return run_suite(base_url, token)

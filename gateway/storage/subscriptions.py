@@ -1,0 +1,392 @@
+"""Subscriptions in Redis (protocol sections 6-7): what the gateway's subscription
+APIs do, and what the delivery workers share with them.
+
+Where things live (keys.py): a subscription's state, links (its cursors) and
+pending streams share one hash tag with its group's schedule, so each change is
+one sub_*.lua script; a stream's side of its links sits in the stream's slot,
+where append.lua and create.lua read it to record wakes in the slot's outbox in
+the same script as the append (workers/delivery.py takes them from there).
+Links are written on the subscription's side first, then the stream's: a crash
+between leaves a link no append wakes until the request is retried (PUT and the
+membership calls are idempotent), or the worker's backfill re-asserts it.
+
+Stream paths here are stream-root-relative (``events/abc``); offsets are the
+protocol's fixed-width tokens, compared as strings in the scripts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from ..protocol import offsets
+from ..protocol.errors import coded
+from ..protocol.models import text
+from ..protocol.subscriptions import (
+    ZERO_OFFSET,
+    AckRequest,
+    SubscriptionConfig,
+    new_wake_id,
+)
+from ..protocol.webhooks import SigningKey
+from . import keys
+from .scripts import Scripts
+
+log = logging.getLogger(__name__)
+ALIVE_REFRESH_SECONDS = 1.0  # how stale a gateway's "a delivery worker runs" may be
+TOKEN_TTL_MS = 24 * 3600 * 1000  # callback and claim tokens: fenced by generation long before
+KEYS_REFRESH_SECONDS = 30.0
+
+
+def flat_pairs(flat: Sequence[Any]) -> dict[str, str]:
+    """A Redis flat ``[field, value, ...]`` reply as a dict of text."""
+    return {text(flat[i]): text(flat[i + 1]) for i in range(0, len(flat), 2)}
+
+
+@dataclass(frozen=True)
+class StreamTail:
+    """A stream's tail (an offset token) and incarnation (its meta 'created'; '' if none)."""
+
+    tail: str
+    inc: str
+
+
+async def stream_tails(scripts: Scripts, paths: Iterable[str]) -> dict[str, StreamTail]:
+    """The tails of streams by path, read now (a missing or deleted stream: ZERO_OFFSET)."""
+    unique = list(dict.fromkeys(paths))
+
+    async def one(path: str) -> StreamTail:
+        meta = keys.stream_keys(keys.stream_id(path))[0]
+        tail, created, deleted = await scripts.command(meta, "HMGET", meta, "tail", "created", "deleted")
+        if tail is None or deleted is not None:
+            return StreamTail(ZERO_OFFSET, "")
+        return StreamTail(offsets.encode(int(tail)), text(created))
+
+    found = await asyncio.gather(*(one(p) for p in unique))
+    return dict(zip(unique, found, strict=True))
+
+
+@dataclass(frozen=True)
+class Link:
+    path: str
+    types: str  # 'e', 'g' or 'eg'
+    acked: str
+
+    @property
+    def link_type(self) -> str:
+        """As the API shows it: explicit wins (spec 6.1)."""
+        return "explicit" if "e" in self.types else "glob"
+
+
+def parse_links(flat: Sequence[Any]) -> list[Link]:
+    links = []
+    for path, value in flat_pairs(flat).items():
+        types, acked, _ = value.split("|", 2)
+        links.append(Link(path, types, acked))
+    return sorted(links, key=lambda link: link.path)
+
+
+def wake_streams(flat: Sequence[Any]) -> list[dict[str, Any]]:
+    """A wake's streams as the webhook body and the claim answer show them, from a
+    script's flat ``{path, types, acked, tail, ...}``."""
+    out = []
+    for i in range(0, len(flat), 4):
+        path, types, acked, tail = (text(v) for v in flat[i : i + 4])
+        out.append(
+            {
+                "path": path,
+                "link_type": "explicit" if "e" in types else "glob",
+                "acked_offset": acked,
+                "tail_offset": tail,
+                "has_pending": tail > acked,
+            }
+        )
+    return out
+
+
+class WorkersAlive:
+    """Whether a delivery worker runs (``keys.SUBS_WORKER_ALIVE``), as a gateway last saw
+    (at most about a second ago): create.lua puts every new stream in the outbox then,
+    for the workers to match against the patterns; with none running it would pile up.
+    A gateway that could not look says yes (an entry too many, never one missed). A
+    stream missed while the flag was stale is linked by the workers' backfill, which
+    visits every stream when a worker starts and when a pattern subscription is made."""
+
+    def __init__(self, scripts: Scripts) -> None:
+        self.scripts = scripts
+        self._value, self._at = True, -float("inf")
+        self._refresh: asyncio.Task[None] | None = None
+
+    async def alive(self) -> bool:
+        if time.monotonic() - self._at < ALIVE_REFRESH_SECONDS:
+            return self._value
+        if self._refresh is None or self._refresh.done():
+            self._refresh = asyncio.create_task(self._look())
+        try:
+            await asyncio.shield(self._refresh)
+        except Exception:
+            return True
+        return self._value
+
+    async def _look(self) -> None:
+        key = keys.SUBS_WORKER_ALIVE
+        self._value = bool(await self.scripts.command(key, "EXISTS", key))
+        self._at = time.monotonic()
+
+
+class SigningKeys:
+    """The webhook signing keys (spec 6.5), kept in Redis (``keys.WEBHOOK_KEYS``) so every
+    worker signs with, and every gateway publishes, the same set. Each is JSON: the
+    PKCS#8 PEM, ``activate`` (ms: signing starts then; a new key is published first, so
+    receivers caching the JWKS for its max-age know it before it signs) and ``retire``
+    (ms: once every signature it made is past the receivers' replay window, it leaves
+    the JWKS). The newest active key signs."""
+
+    def __init__(self, scripts: Scripts) -> None:
+        self.scripts = scripts
+        self._keys: list[tuple[SigningKey, dict[str, Any]]] = []
+        self._at = -float("inf")
+
+    async def _all(self) -> list[tuple[SigningKey, dict[str, Any]]]:
+        if time.monotonic() - self._at < KEYS_REFRESH_SECONDS and self._keys:
+            return self._keys
+        raw = await self.scripts.redis.hgetall(keys.WEBHOOK_KEYS)
+        if not raw:
+            await self.add(SigningKey.generate(), activate_ms=0)
+            raw = await self.scripts.redis.hgetall(keys.WEBHOOK_KEYS)
+        found = []
+        for value in raw.values():
+            record = orjson.loads(value)
+            found.append((SigningKey.from_pem(record["pem"].encode()), record))
+        found.sort(key=lambda item: (item[1]["activate"], item[0].kid))
+        self._keys, self._at = found, time.monotonic()
+        return found
+
+    def forget(self) -> None:
+        """Read the keys again next time (after a rotation)."""
+        self._at = -float("inf")
+
+    async def add(self, key: SigningKey, activate_ms: int) -> bool:
+        """Store a key (a no-op if its kid is there); it signs from ``activate_ms`` on."""
+        record = {"pem": key.to_pem().decode(), "activate": activate_ms, "retire": None}
+        added = bool(await self.scripts.redis.hsetnx(keys.WEBHOOK_KEYS, key.kid, orjson.dumps(record)))
+        self.forget()
+        return added
+
+    async def rotate(self, activate_after_ms: int, retire_after_ms: int) -> SigningKey:
+        """A new key, published now, signing from ``activate_after_ms`` on; the keys it
+        replaces leave the JWKS ``retire_after_ms`` after that."""
+        now = int(time.time() * 1000)
+        new = SigningKey.generate()
+        activate = now + activate_after_ms
+        for key, record in await self._all():
+            if record.get("retire") is None:
+                record["retire"] = activate + retire_after_ms
+                await self.scripts.redis.hset(keys.WEBHOOK_KEYS, key.kid, orjson.dumps(record))
+        await self.add(new, activate)
+        return new
+
+    async def signer(self) -> SigningKey:
+        now = int(time.time() * 1000)
+        keys_ = await self._all()
+        active = [k for k, r in keys_ if r["activate"] <= now and (r["retire"] is None or r["retire"] > now)]
+        return (active or [keys_[0][0]])[-1]
+
+    async def published(self) -> list[dict[str, str]]:
+        now = int(time.time() * 1000)
+        return [k.public_jwk() for k, r in await self._all() if r["retire"] is None or r["retire"] > now]
+
+    async def listing(self) -> list[dict[str, Any]]:
+        self.forget()
+        return [
+            {"kid": k.kid, "activate": r["activate"], "retire": r["retire"]} for k, r in await self._all()
+        ]
+
+
+async def token_secret(scripts: Scripts) -> bytes:
+    """The secret callback and claim tokens are signed with (HMAC), made once, shared."""
+    redis = scripts.redis
+    secret = await redis.get(keys.SUBS_TOKEN_SECRET)
+    if secret is None:
+        await redis.set(keys.SUBS_TOKEN_SECRET, secrets.token_hex(32), nx=True)
+        secret = await redis.get(keys.SUBS_TOKEN_SECRET)
+    return secret if isinstance(secret, bytes) else str(secret).encode()
+
+
+class Subscriptions:
+    """The subscription APIs' storage: each call is one script on the subscription's
+    keys, after the stream reads it needs (tails) and before its streams' side."""
+
+    def __init__(self, scripts: Scripts) -> None:
+        self.scripts = scripts
+        self.cluster = scripts.cluster
+        self.workers = WorkersAlive(scripts)
+        self.signing = SigningKeys(scripts)
+        self._secret: bytes | None = None
+
+    def keys_of(self, sub: str) -> list[str]:
+        return keys.sub_keys(sub, self.cluster)
+
+    async def secret(self) -> bytes:
+        if self._secret is None:
+            self._secret = await token_secret(self.scripts)
+        return self._secret
+
+    async def call(self, name: str, sub: str, *args: Any) -> list[Any]:
+        """Script ``name`` on the subscription's keys, its answer's bytes as text."""
+        return [
+            text(v) if isinstance(v, bytes) else v
+            for v in await self.scripts.run(name, self.keys_of(sub), args)
+        ]
+
+    # -- configuration ----------------------------------------------------------
+
+    async def create(self, sub: str, config: SubscriptionConfig, created_at: str, base: str) -> bool:
+        """PUT: True if created, False if re-confirmed; 409 for another configuration."""
+        tails = await stream_tails(self.scripts, config.streams)
+        triples: list[str] = []
+        for path in config.streams:
+            triples += [path, tails[path].tail, tails[path].inc]
+        (status,) = await self.call(
+            "sub_create",
+            sub,
+            sub,
+            config.to_json(),
+            config.config_hash(),
+            created_at,
+            config.type,
+            config.lease_ttl_ms,
+            "1" if config.pattern else "0",
+            base,
+            *triples,
+        )
+        if status == "conflict":
+            raise coded(
+                409, "SUBSCRIPTION_ALREADY_EXISTS", "subscription exists with a different configuration"
+            )
+        # Both answers re-assert the streams' side and the index: a PUT retried after a
+        # crash between the steps completes them.
+        await self._link_streams(sub, {path: "1" for path in config.streams})
+        if config.pattern:
+            await self.set_pattern(sub, config.pattern)
+        return status == "created"
+
+    async def set_pattern(self, sub: str, pattern: str | None) -> None:
+        await self.scripts.run("index_set", [keys.SUBS_INDEX, keys.SUBS_INDEX_VERSION], [sub, pattern or ""])
+
+    async def _link_streams(self, sub: str, types: dict[str, str], inc: str = "") -> None:
+        """The streams' side: '1' linked, '' unlinked (one script per stream)."""
+        calls = [
+            ([keys.stream_subs(keys.stream_id(path))], [inc, sub, value]) for path, value in types.items()
+        ]
+        if calls:
+            for result in await self.scripts.run_each("stream_link", calls):
+                if isinstance(result, BaseException):
+                    raise result
+
+    async def relink_explicit(self, sub: str, paths: Sequence[str]) -> None:
+        """The streams' side of explicit links again (the worker's backfill: idempotent)."""
+        await self._link_streams(sub, dict.fromkeys(paths, "1"))
+
+    async def get(self, sub: str) -> tuple[dict[str, str], list[Link]] | None:
+        reply = await self.scripts.run("sub_get", self.keys_of(sub), [])
+        if not reply:
+            return None
+        return flat_pairs(reply[0]), parse_links(reply[1])
+
+    async def delete(self, sub: str) -> bool:
+        """DELETE: its state goes at once; its streams' side is cleaned by the worker."""
+        existed = bool(await self.scripts.run("sub_delete", self.keys_of(sub), [sub]))
+        await self.set_pattern(sub, None)
+        return existed
+
+    async def add_streams(self, sub: str, paths: Sequence[str]) -> None:
+        tails = await stream_tails(self.scripts, paths)
+        triples: list[str] = []
+        for path in paths:
+            triples += [path, tails[path].tail, tails[path].inc]
+        result = await self.call("sub_links", sub, "add", "e", *triples)
+        if result[0] == "missing":
+            raise not_found(sub)
+        await self._link_streams(sub, {path: "1" for path in paths})
+
+    async def remove_stream(self, sub: str, path: str) -> None:
+        result = await self.call("sub_links", sub, "remove", "e", path)
+        if result[0] == "missing":
+            raise not_found(sub)
+        if result[1] == "":
+            await self._link_streams(sub, {path: ""})
+
+    # -- wakes ------------------------------------------------------------------
+
+    async def claim(self, sub: str, worker: str) -> dict[str, Any]:
+        """POST claim: the wake's lease for ``worker``, over every stream's tail now."""
+        current = await self.get(sub)
+        if current is None:
+            raise not_found(sub)
+        tails = await stream_tails(self.scripts, [link.path for link in current[1]])
+        observed: list[str] = []
+        for path, tail in tails.items():
+            observed += [path, tail.tail, tail.inc]
+        result = await self.call("sub_claim", sub, worker, new_wake_id(), *observed)
+        status = result[0]
+        if status == "missing":
+            raise not_found(sub)
+        if status == "wrong_type":
+            raise coded(400, "INVALID_REQUEST", "subscription is not pull-wake")
+        if status == "busy":
+            raise coded(
+                409,
+                "ALREADY_CLAIMED",
+                "another worker holds the lease",
+                current_holder=result[1],
+                generation=int(result[2]),
+            )
+        if status == "idle":
+            raise coded(409, "NO_PENDING_WORK", "subscription has no pending work")
+        _, gen, wake, ttl, streams = result
+        return {
+            "generation": int(gen),
+            "wake_id": wake,
+            "lease_ttl_ms": int(ttl),
+            "streams": wake_streams(streams),
+        }
+
+    async def ack(self, mode: str, sub: str, request: AckRequest) -> bool:
+        """Callback (webhook), ack or release (pull-wake); returns next_wake."""
+        tails = await stream_tails(self.scripts, [path for path, _ in request.acks]) if request.acks else {}
+        triples: list[str] = []
+        for path, offset in request.acks:
+            triples += [path, offset, tails[path].tail if tails[path].inc else ""]
+        result = await self.call(
+            "sub_ack",
+            sub,
+            mode,
+            request.generation,
+            request.wake_id,
+            "1" if request.done else "0",
+            new_wake_id(),
+            *triples,
+        )
+        status = result[0]
+        if status == "missing":
+            raise not_found(sub)
+        if status == "wrong_type":
+            kind = "webhook" if mode == "callback" else "pull-wake"
+            raise coded(400, "INVALID_REQUEST", f"subscription is not {kind}")
+        if status == "fenced":
+            raise coded(409, "FENCED", "wake generation is stale")
+        if status == "invalid_offset":
+            raise coded(409, "INVALID_OFFSET", result[1])
+        return result[1] == "1"
+
+
+def not_found(sub: str) -> Exception:
+    return coded(404, "SUBSCRIPTION_NOT_FOUND", f"no subscription {sub[:100]!r}")

@@ -1,0 +1,11 @@
+-- outbox_done.lua: a stream's subscriptions were told of its tail `seen`: it leaves
+-- the outbox, unless it moved since (then it is due again at once).
+-- KEYS: 1 the outbox, 2 the stream's meta. ARGV: 1 stream id, 2 the tail seen ('' none).
+-- Returns 1 if it left the outbox.
+local outbox, meta = KEYS[1], KEYS[2]
+if (redis.call('HGET', meta, 'tail') or '') == ARGV[2] then
+  redis.call('ZREM', outbox, ARGV[1])
+  return 1
+end
+redis.call('ZADD', outbox, now_ms(), ARGV[1])
+return 0

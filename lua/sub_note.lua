@@ -1,0 +1,32 @@
+-- sub_note.lua: the worker tells a subscription the tails of its streams that grew
+-- (from the outboxes); what is above a stream's acked offset is pending, and an idle
+-- subscription with pending work gets a new wake (spec 7).
+-- KEYS: the subscription's (_subs.lua).
+-- ARGV: 1 a fresh wake id (used if a wake begins), then per stream: path, tail,
+--   incarnation (a stream created anew starts over: its acked offset goes back to -1).
+-- Returns {'gone'} (no such subscription) | {'ok', types per stream ('' not linked)}.
+if redis.call('EXISTS', S) == 0 then return {'gone'} end
+local now = now_ms()
+expire_lease(now, ARGV[1])
+local out = {'ok'}
+for i = 2, #ARGV, 3 do
+  local path, tail, inc = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  local value = redis.call('HGET', L, path)
+  if not value then
+    out[#out + 1] = ''
+  else
+    local types, acked, linc = link_parts(value)
+    if linc ~= inc then
+      acked = '-1'
+      redis.call('HSET', L, path, link_value(types, acked, inc))
+      redis.call('HDEL', P, path)
+    end
+    if bytes_less(acked, tail) then
+      local seen = redis.call('HGET', P, path)
+      if not seen or bytes_less(seen, tail) then redis.call('HSET', P, path, tail) end
+    end
+    out[#out + 1] = types
+  end
+end
+if sget('wake') == '' and sget('holder') == '' then begin_wake(now, ARGV[1]) end
+return out

@@ -1,0 +1,617 @@
+"""The subscription delivery worker (``durable-streams deliver``): wakes subscriptions
+(protocol section 7) from what appends recorded, and delivers their wakes.
+
+Run as many as you like: they share the work through Redis, each piece held by one
+worker at a time, with an expiry, so a worker that dies (or pauses) leaves its work
+to another and at-least-once holds; every change a worker makes is a script checked
+against what it holds (fencing), so a worker that lost its hold changes nothing.
+
+1. **Outboxes** (``keys.subs_outbox``): append.lua and create.lua record, in the
+   stream's slot and in the same script as the append, each stream with subscribers
+   whose tail moved, and (while a worker runs) each new stream. A worker takes them
+   (outbox_take.lua), links new streams to the pattern subscriptions they match (the
+   ``PatternIndex``, reloaded when ``keys.SUBS_INDEX_VERSION`` moves: the matching
+   costs the path's depth plus the patterns that match, not the number of patterns),
+   tells each linked subscription the stream's tail (sub_note.lua: what is above its
+   acked offset is pending, an idle subscription gets a wake), and lets the entry go
+   (outbox_done.lua, unless the tail moved meanwhile). It learns of new entries from
+   the wake channel (PUBLISH of the outbox's name) and, on one Redis, polls its one
+   outbox; on Redis Cluster a sweep visits all 16384 every ``--deliver-sweep-seconds``.
+2. **Schedules** (``keys.due_keys``): a subscription with something due (a wake to
+   deliver, a retry, a lease running out, a backfill) is taken (due_take.lua), and
+   sub_step.lua says what to do: POST the webhook (signed, spec 7.1) and report
+   (sub_result.lua: done auto-acks the snapshot, 2xx waits for the callback, anything
+   else is retried after 1 s doubling to 60 s, 20% jitter); write pull-wake events to
+   the wake stream (an ordinary append); or link a new pattern's existing streams.
+3. **Backfill**: a pattern subscription's existing streams are linked when it is made,
+   and every worker that starts does it for all of them (a stream created while no
+   worker ran was recorded nowhere). A stream created after the subscription is linked
+   before its first byte (-1), one created before at its tail (spec 6.2).
+
+Webhook targets are checked against the SSRF rules (protocol/ssrf.py) again at every
+delivery, by the resolver the HTTP client connects through: what is checked is what is
+connected to (no window for DNS rebinding), redirects are not followed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import socket
+import time
+import uuid
+from collections.abc import Awaitable, Coroutine
+from datetime import datetime
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+import orjson
+from aiohttp.abc import AbstractResolver, ResolveResult
+from redis.asyncio import Redis
+
+from gateway import __version__
+from gateway.archive.cold import ColdReader
+from gateway.archive.files import Archive
+from gateway.concurrency import backoff
+from gateway.config import Settings
+from gateway.protocol import offsets, ssrf
+from gateway.protocol.errors import ProtocolError
+from gateway.protocol.models import text
+from gateway.protocol.subscriptions import (
+    BEFORE_FIRST,
+    PatternIndex,
+    SubscriptionConfig,
+    glob_match,
+    issue_token,
+    new_wake_id,
+    retry_delay_ms,
+)
+from gateway.protocol.webhooks import SigningKey, signature_header
+from gateway.storage import keys
+from gateway.storage.client import every_node
+from gateway.storage.outcomes import UNAVAILABLE
+from gateway.storage.preflight import Preflight
+from gateway.storage.scripts import Scripts, connect_scripts, replica_ack
+from gateway.storage.store import Store
+from gateway.storage.subscriptions import TOKEN_TTL_MS, flat_pairs, wake_streams
+from gateway.telemetry import metrics
+from gateway.telemetry.logs import RateLimited
+
+from . import health
+from .health import Heartbeat
+
+log = logging.getLogger("durable_streams.deliver")
+limited = RateLimited(log)
+BATCH = 100  # outbox entries or due subscriptions taken at once
+HOLD_MS = 30_000  # how long a taken outbox entry or backfill stays with its worker
+ALIVE_MS = 30_000  # keys.SUBS_WORKER_ALIVE's expiry; renewed every third of it
+MAX_RESPONSE_BYTES = 64 * 1024  # of a webhook's answer: only {"done": true} matters
+SCAN_BATCH = 500
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class TargetRejected(OSError):
+    """A webhook host resolved to an address the SSRF rules refuse (at delivery)."""
+
+
+class CheckedResolver(AbstractResolver):
+    """aiohttp's resolver, answering only addresses the SSRF rules allow: the HTTP client
+    connects to what was checked. An answer with any refused address is refused whole."""
+
+    def __init__(self, policy: ssrf.TargetPolicy) -> None:
+        self.policy = policy
+        self._inner = aiohttp.ThreadedResolver()
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        found = await self._inner.resolve(host, port, family)
+        try:
+            allowed = {
+                ipaddress.ip_address(a)
+                for a in ssrf.check_addresses(host, [r["host"] for r in found], self.policy)
+            }
+        except ProtocolError as exc:
+            raise TargetRejected(exc.message) from None
+        return [r for r in found if ipaddress.ip_address(r["host"]) in allowed]
+
+    async def close(self) -> None:
+        await self._inner.close()
+
+
+def _rejected(exc: BaseException) -> bool:
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, TargetRejected) or isinstance(getattr(seen, "os_error", None), TargetRejected):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _ms_of(iso: str) -> int:
+    return int(datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp() * 1000)
+
+
+class Delivery:
+    def __init__(self, settings: Settings, scripts: Scripts, store: Store, heartbeat: Heartbeat) -> None:
+        self.settings = settings
+        self.scripts = scripts
+        self.store = store
+        self.subs = store.subscriptions
+        self.cluster = scripts.cluster
+        self.heartbeat = heartbeat
+        self.name = f"{socket.gethostname()}:{uuid.uuid4().hex[:8]}"
+        self.policy = ssrf.parse_allow_list(settings.webhook_allow)
+        self.index = PatternIndex()
+        self._patterns: dict[str, str] = {}
+        self._index_version: bytes | str | None = None
+        self._index_at = -float("inf")
+        # Outboxes to look at: on one Redis its only one, always; on a cluster those
+        # announced on the wake channel or found by the sweep.
+        self.dirty: set[str] = set() if self.cluster else set(keys.outbox_keys(False))
+        self.wake = asyncio.Event()
+        self.slots = asyncio.Semaphore(settings.webhook_concurrency)
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.session: aiohttp.ClientSession | None = None
+
+    # -- plumbing -----------------------------------------------------------------
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _guarded(self, what: str, work: Awaitable[Any]) -> None:
+        """One piece of work: a failure is logged and left to its hold's expiry (retried)."""
+        try:
+            await work
+        except Exception as exc:
+            if isinstance(exc, UNAVAILABLE):
+                limited.log(logging.WARNING, "unavailable", "redis unavailable (%s): will retry", exc)
+            else:
+                limited.log(logging.ERROR, what, "%s failed; will retry", what, exc_info=exc)
+        finally:
+            self.slots.release()
+
+    # -- the loops ----------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        connector = aiohttp.TCPConnector(resolver=CheckedResolver(self.policy), limit=0, ttl_dns_cache=None)
+        self.session = aiohttp.ClientSession(
+            connector=connector,
+            headers={"User-Agent": f"durable-streams-redis/{__version__} (webhooks)"},
+            timeout=aiohttp.ClientTimeout(total=self.settings.webhook_timeout),
+        )
+        loops = [
+            asyncio.create_task(self._announce(stop)),
+            asyncio.create_task(self._listen(stop)),
+            asyncio.create_task(self._sweep(stop)),
+            asyncio.create_task(self._catch_up()),
+        ]
+        try:
+            await self._work(stop)
+        finally:
+            for task in loops:
+                task.cancel()
+            for task in list(self.tasks):
+                task.cancel()
+            await asyncio.gather(*loops, *self.tasks, return_exceptions=True)
+            await self.session.close()
+
+    async def _work(self, stop: asyncio.Event) -> None:
+        failures = 0
+        while not stop.is_set():
+            try:
+                await self.work_once()
+                failures = 0
+                pause = self.settings.deliver_poll_seconds
+            except Exception as exc:
+                if not isinstance(exc, UNAVAILABLE):
+                    log.exception("delivery pass failed")
+                else:
+                    limited.log(logging.WARNING, "unavailable", "redis unavailable (%s): will retry", exc)
+                pause = backoff.delay(failures)
+                failures += 1
+            self.heartbeat.beat(pause)
+            self.wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._either(stop), pause)
+
+    async def _either(self, stop: asyncio.Event) -> None:
+        waits = [asyncio.create_task(stop.wait()), asyncio.create_task(self.wake.wait())]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in waits:
+                task.cancel()
+
+    async def work_once(self) -> None:
+        """One pass: the outboxes known to have entries, then every schedule."""
+        await self.refresh_index()
+        for key in list(self.dirty):
+            taken = await self.drain_outbox(key)
+            if taken < BATCH and self.cluster:
+                self.dirty.discard(key)
+            elif taken >= BATCH:
+                self.wake.set()  # more there: come back at once
+        due = 0
+        for key in keys.due_keys(self.cluster):
+            due += await self.drain_due(key)
+        metrics.SUBSCRIPTIONS_DUE.set(due)
+
+    async def _announce(self, stop: asyncio.Event) -> None:
+        """Keep ``keys.SUBS_WORKER_ALIVE`` set: gateways record new streams while it is."""
+        while not stop.is_set():
+            with contextlib.suppress(Exception):
+                await self.scripts.redis.set(keys.SUBS_WORKER_ALIVE, self.name, px=ALIVE_MS)
+            await asyncio.sleep(ALIVE_MS / 3000)
+
+    async def _listen(self, stop: asyncio.Event) -> None:
+        """The wake channel: outbox names, as appends record their first entry. On Redis
+        Cluster a PUBLISH reaches every node's subscribers, so one node will do."""
+        failures = 0
+        url = self.settings.redis_url or ""
+        while not stop.is_set():
+            client = Redis.from_url(url, socket_connect_timeout=5)
+            try:
+                async with client.pubsub() as pubsub:
+                    await pubsub.subscribe(keys.SUBS_WAKE_CHANNEL)
+                    failures = 0
+                    while not stop.is_set():
+                        message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                        if message is not None:
+                            self.dirty.add(text(message["data"]))
+                            self.wake.set()
+            except Exception as exc:
+                limited.log(logging.WARNING, "listen", "wake channel lost (%s); polling meanwhile", exc)
+                await asyncio.sleep(backoff.delay(failures))
+                failures += 1
+            finally:
+                await client.aclose()
+
+    async def _sweep(self, stop: asyncio.Event) -> None:
+        """Redis Cluster: every outbox with an entry due, however it was missed (a lost
+        wake message, a worker that died holding entries)."""
+        if not self.cluster:
+            return
+        while not stop.is_set():
+            await asyncio.sleep(self.settings.deliver_sweep_seconds)
+            try:
+                await self.sweep_once()
+            except Exception as exc:
+                limited.log(logging.WARNING, "sweep", "outbox sweep failed (%s); will retry", exc)
+
+    async def sweep_once(self) -> None:
+        names = keys.outbox_keys(self.cluster)
+        redis = self.scripts.redis
+        now = now_ms()
+        for start in range(0, len(names), 2048):
+            part = names[start : start + 2048]
+            async with redis.pipeline(transaction=False) as pipe:
+                for name in part:
+                    pipe.zrangebyscore(name, "-inf", now, start=0, num=1)
+                found = await pipe.execute()
+            for name, entries in zip(part, found, strict=True):
+                if entries:
+                    self.dirty.add(name)
+                    self.wake.set()
+        self.heartbeat.beat()
+
+    async def refresh_index(self, force: bool = False) -> None:
+        """The pattern subscriptions, reloaded when their version moved (checked at most
+        every poll: a GET)."""
+        redis = self.scripts.redis
+        version = await redis.get(keys.SUBS_INDEX_VERSION)
+        if version == self._index_version and not force:
+            return
+        patterns = {text(k): text(v) for k, v in (await redis.hgetall(keys.SUBS_INDEX)).items()}
+        index = PatternIndex()
+        for sub, pattern in patterns.items():
+            index.add(sub, pattern)
+        self.index, self._patterns, self._index_version = index, patterns, version
+
+    # -- outboxes -------------------------------------------------------------------
+
+    async def drain_outbox(self, key: str) -> int:
+        taken = await self.scripts.run("outbox_take", [key], [BATCH, HOLD_MS])
+        entries = [(text(taken[i]), int(float(taken[i + 1]))) for i in range(0, len(taken), 2)]
+        if entries:
+            await asyncio.gather(*(self._stream(key, sid, recorded) for sid, recorded in entries))
+        return len(entries)
+
+    async def _stream(self, outbox: str, sid: str, recorded: int) -> None:
+        """Tell a stream's subscriptions its tail (linking it to the patterns it matches
+        first, if it is new), then let its outbox entry go."""
+        meta, links_key = keys.stream_keys(sid)[0], keys.stream_subs(sid)
+        try:
+            state, tail, inc, flat = await self.scripts.run("stream_subs", [meta, links_key], [])
+            state, tail, inc = text(state), text(tail), text(inc)
+            if state == "ok":
+                await self._tell(sid, links_key, offsets.encode(int(tail)), inc, flat_pairs(flat))
+            await self.scripts.run("outbox_done", [outbox, meta], [sid, tail])
+            metrics.WAKE_LAG.observe(max(0.0, (now_ms() - recorded) / 1000))
+        except Exception as exc:  # left to the hold's expiry: taken again
+            if isinstance(exc, UNAVAILABLE):
+                raise
+            limited.log(logging.ERROR, "outbox", "telling the subscriptions of a stream failed", exc_info=exc)
+
+    async def _tell(self, sid: str, links_key: str, tail: str, inc: str, links: dict[str, str]) -> None:
+        path = keys.path_of(sid)
+        matched = links.pop("_inc", "")
+        if matched != inc:  # a stream new to the patterns: linked before its first byte
+            new = [s for s in self.index.match(path) if s not in links]
+            added = await self._link(path, new, BEFORE_FIRST, inc)
+            await self.scripts.run("stream_link", [links_key], [inc, *_pairs(added, "1")])
+            links.update(dict.fromkeys(added, "1"))
+        gone = []
+        for sub in links:
+            result = await self.subs.call("sub_note", sub, new_wake_id(), path, tail, inc)
+            if result[0] == "gone" or result[1] == "":
+                gone.append(sub)
+        if gone:  # deleted subscriptions, removed links: appends stop recording for them
+            await self.scripts.run("stream_link", [links_key], ["", *_pairs(gone, "")])
+
+    async def _link(self, path: str, subs: list[str], acked: str, inc: str) -> list[str]:
+        """Glob links on the subscriptions' side; those that exist."""
+        added = []
+        for sub in subs:
+            result = await self.subs.call("sub_links", sub, "add", "g", path, acked, inc)
+            if result[0] == "ok":
+                added.append(sub)
+        return added
+
+    # -- schedules -------------------------------------------------------------------
+
+    async def drain_due(self, key: str) -> int:
+        free = self.settings.webhook_concurrency - len(self.tasks)
+        if free <= 0:
+            return 0
+        taken = await self.scripts.run("due_take", [key], [min(BATCH, free), HOLD_MS])
+        for sub in taken:
+            await self.slots.acquire()
+            self._spawn(self._guarded("a subscription step", self.step(text(sub))))
+        return len(taken)
+
+    async def step(self, sub: str) -> None:
+        token = uuid.uuid4().hex
+        hold_ms = int(self.settings.webhook_timeout * 1000) + 5000
+        result = await self.subs.call("sub_step", sub, sub, new_wake_id(), token, hold_ms)
+        action = result[0]
+        if action == "deliver":
+            _, gen, wake, cfg, attempts, streams, base = result
+            config = SubscriptionConfig.from_json(cfg.encode())
+            outcome = await self.deliver(sub, int(gen), wake, config, wake_streams(streams), base)
+            delay = retry_delay_ms(int(attempts) + 1) if outcome == "failed" else 0
+            result = await self.subs.call("sub_result", sub, outcome, token, gen, wake, delay, new_wake_id())
+            if result[1:] == ["1"]:
+                self.wake.set()
+        elif action == "emit":
+            _, gen, wake, cfg, streams = result
+            config = SubscriptionConfig.from_json(cfg.encode())
+            ok = await self.emit(sub, int(gen), config, wake_streams(streams))
+            delay = 0 if ok else retry_delay_ms(1)
+            await self.subs.call(
+                "sub_result", sub, "emitted" if ok else "failed", token, gen, wake, delay, new_wake_id()
+            )
+        elif action == "backfill":
+            config = SubscriptionConfig.from_json(result[1].encode())
+            await self.backfill(sub, config)
+            await self.subs.call("sub_result", sub, "backfilled", token, "", "", 0, new_wake_id())
+
+    async def deliver(
+        self,
+        sub: str,
+        gen: int,
+        wake: str,
+        config: SubscriptionConfig,
+        streams: list[dict[str, Any]],
+        base: str,
+    ) -> str:
+        """POST one wake (spec 7.1); the outcome for sub_result.lua."""
+        assert self.session is not None and config.webhook_url is not None
+        callback = f"{base}/__ds/subscriptions/{quote(sub, safe='')}/callback"
+        token = issue_token(await self.subs.secret(), sub, gen, wake, "callback", TOKEN_TTL_MS, now_ms())
+        body = orjson.dumps(
+            {
+                "subscription_id": sub,
+                "wake_id": wake,
+                "generation": gen,
+                "streams": streams,
+                "callback_url": callback,
+                "callback_token": token,
+            }
+        )
+        key: SigningKey = await self.subs.signing.signer()
+        headers = {
+            "Content-Type": "application/json",
+            "Webhook-Signature": signature_header(key, body, int(time.time())),
+        }
+        started = time.perf_counter()
+        outcome = "failed"
+        try:
+            ssrf.check_url(config.webhook_url, self.policy)
+            async with self.session.post(
+                config.webhook_url, data=body, headers=headers, allow_redirects=False
+            ) as resp:
+                answer = await resp.content.read(MAX_RESPONSE_BYTES)
+                if 200 <= resp.status < 300:
+                    outcome = "done" if _says_done(answer) else "accepted"
+                else:
+                    limited.log(
+                        logging.INFO, "status", "webhook of %r answered %d: retrying", sub, resp.status
+                    )
+        except ProtocolError as exc:
+            outcome = "rejected"
+            limited.log(
+                logging.WARNING, "rejected", "webhook of %r refused at delivery: %s", sub, exc.message
+            )
+        except Exception as exc:
+            outcome = "rejected" if _rejected(exc) else "failed"
+            limited.log(
+                logging.INFO,
+                "unreachable",
+                "webhook of %r failed (%s): retrying",
+                sub,
+                exc or type(exc).__name__,
+            )
+        metrics.WEBHOOK_SECONDS.observe(time.perf_counter() - started)
+        metrics.WEBHOOK_DELIVERIES.labels(outcome).inc()
+        if outcome in ("done", "accepted"):
+            metrics.WAKES.labels("webhook").inc()
+        return "failed" if outcome == "rejected" else outcome
+
+    async def emit(
+        self, sub: str, gen: int, config: SubscriptionConfig, streams: list[dict[str, Any]]
+    ) -> bool:
+        """Pull-wake (spec 7.2): one wake event per pending stream on the wake stream, an
+        ordinary append (the application made the stream; until it does, retried)."""
+        assert config.wake_stream is not None
+        sid = keys.stream_id(config.wake_stream)
+        try:
+            meta = await self.store.head(sid)
+        except ProtocolError:
+            limited.log(
+                logging.WARNING, "wake-stream", "wake stream %r of %r is missing", config.wake_stream, sub
+            )
+            return False
+        now = now_ms()
+        events = [
+            orjson.dumps(
+                {"type": "wake", "subscription_id": sub, "stream": s["path"], "generation": gen, "ts": now}
+            )
+            for s in streams
+        ] or [
+            orjson.dumps(
+                {"type": "wake", "subscription_id": sub, "stream": None, "generation": gen, "ts": now}
+            )
+        ]
+        if meta.media_type != "application/json":
+            events = [b"".join(e + b"\n" for e in events)]
+        try:
+            await self.store.append(sid, meta.media_type, events, close=False, stream_seq=None, producer=None)
+        except ProtocolError as exc:  # closed, or its content type changed
+            limited.log(
+                logging.WARNING, "wake-stream", "wake stream of %r refused the event: %s", sub, exc.message
+            )
+            return False
+        metrics.WAKES.labels("pull-wake").inc()
+        return True
+
+    # -- backfill --------------------------------------------------------------------
+
+    async def backfill(self, sub: str, config: SubscriptionConfig) -> None:
+        """A pattern subscription's existing streams (spec 6.2), after re-asserting its
+        index entry and its explicit links' streams' side (a PUT cut short by a crash)."""
+        if config.pattern is None:
+            return
+        await self.subs.set_pattern(sub, config.pattern)
+        await self.subs.relink_explicit(sub, config.streams)
+        state = await self.scripts.redis.hget(keys.sub_keys(sub, self.cluster)[0], "created_ms")
+        if state is None:
+            return
+        await self._backfill({sub: (config.pattern, int(text(state)))})
+
+    async def _catch_up(self) -> None:
+        """At start: every pattern subscription's streams (a stream created while no
+        worker ran is in no outbox)."""
+        try:
+            await self.refresh_index(force=True)
+            wanted = {}
+            for sub, pattern in self._patterns.items():
+                created = await self.scripts.redis.hget(keys.sub_keys(sub, self.cluster)[0], "created_ms")
+                if created is not None:
+                    wanted[sub] = (pattern, int(text(created)))
+            if wanted:
+                await self._backfill(wanted)
+        except Exception as exc:
+            limited.log(logging.ERROR, "catch-up", "linking streams at start failed", exc_info=exc)
+
+    async def _backfill(self, wanted: dict[str, tuple[str, int]]) -> None:
+        """Link every stream matching one of ``wanted`` (id -> (pattern, created ms)):
+        made after the subscription at -1, else at its tail; then tell it the tail."""
+        redis = self.scripts.redis
+        for node in await every_node(redis):
+            cursor = 0
+            while True:
+                reply, found = await redis.scan(cursor, match=keys.META_PATTERN, count=SCAN_BATCH, **node)
+                cursor = int(next(iter(reply.values())) if isinstance(reply, dict) else reply)
+                for key in found:
+                    name = text(key)
+                    sid = keys.key_stream_id(name)
+                    path = keys.path_of(sid)
+                    subs = [s for s, (pattern, _) in wanted.items() if glob_match(pattern, path)]
+                    if subs:
+                        await self._backfill_stream(sid, path, subs, wanted)
+                self.heartbeat.beat()
+                if not cursor:
+                    break
+
+    async def _backfill_stream(
+        self, sid: str, path: str, subs: list[str], wanted: dict[str, tuple[str, int]]
+    ) -> None:
+        meta, links_key = keys.stream_keys(sid)[0], keys.stream_subs(sid)
+        state, tail, inc, flat = await self.scripts.run("stream_subs", [meta, links_key], [])
+        if text(state) != "ok":
+            return
+        tail, inc = offsets.encode(int(text(tail))), text(inc)
+        linked = flat_pairs(flat)
+        for sub in subs:
+            if sub in linked:
+                continue
+            acked = BEFORE_FIRST if int(inc) > wanted[sub][1] else tail
+            if await self._link(path, [sub], acked, inc):
+                await self.scripts.run("stream_link", [links_key], ["", sub, "1"])
+                await self.subs.call("sub_note", sub, new_wake_id(), path, tail, inc)
+
+
+def _pairs(subs: list[str], value: str) -> list[str]:
+    out: list[str] = []
+    for sub in subs:
+        out += [sub, value]
+    return out
+
+
+def _says_done(answer: bytes) -> bool:
+    try:
+        parsed = orjson.loads(answer)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(parsed, dict) and parsed.get("done") is True
+
+
+async def run_worker(settings: Settings, redis_url: str, stop: asyncio.Event) -> None:
+    """``durable-streams deliver``: work until ``stop`` is set (Redis away at start:
+    wait for it)."""
+    heartbeat = Heartbeat(max(60.0, settings.webhook_timeout * 3))
+    metrics.publish_build_info()
+    if settings.metrics_port:
+        health.serve(settings.host, settings.metrics_port, heartbeat)
+    scripts = connect_scripts(
+        redis_url,
+        cluster=settings.redis_cluster,
+        max_connections=max(16, min(settings.webhook_concurrency, 128)),
+        timeout=settings.redis_timeout,
+        replica_ack=replica_ack(settings.min_replicas_ack, settings.min_replicas_ack_timeout),
+    )
+    cold = ColdReader(Archive(settings.archive_location), 16 * 1024 * 1024)
+    store = Store(scripts, cold, settings.max_chunk_bytes, settings.notice_payload_bytes)
+    store.hints.enabled = False  # the wake stream's archive hints: the gateways' and the reconciliation's
+    delivery = Delivery(settings, scripts, store, heartbeat)
+    try:
+        if not await Preflight(scripts.redis, prepare=scripts.load).wait(stop, heartbeat.beat):
+            return
+        if settings.webhook_signing_key_file:
+            with open(settings.webhook_signing_key_file, "rb") as f:
+                key = SigningKey.from_pem(f.read())
+            if await store.subscriptions.signing.add(key, now_ms()):
+                log.info("webhook signing key %s added from %s", key.kid, settings.webhook_signing_key_file)
+        log.info("delivering subscription wakes as %s", delivery.name)
+        await delivery.run(stop)
+    finally:
+        await scripts.aclose()
