@@ -66,6 +66,24 @@ local function expire_lease(now, wake_id)
   return false
 end
 
+-- A linked stream's tail as seen now: pending if above the acked offset (a stream
+-- created anew starts over at -1). Returns its link types, or nil if not linked.
+local function observe(path, tail, inc)
+  local value = redis.call('HGET', L, path)
+  if not value then return nil end
+  local types, acked, linc = link_parts(value)
+  if linc ~= inc then
+    acked = '-1'
+    redis.call('HSET', L, path, link_value(types, acked, inc))
+    redis.call('HDEL', P, path)
+  end
+  if bytes_less(acked, tail) then
+    local seen = redis.call('HGET', P, path)
+    if not seen or bytes_less(seen, tail) then redis.call('HSET', P, path, tail) end
+  end
+  return types
+end
+
 -- Acked offset `offset` on `path` (already checked): the link moves, and the
 -- path stops pending once nothing above the offset was seen.
 local function set_acked(path, offset)

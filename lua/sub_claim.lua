@@ -11,22 +11,7 @@ if redis.call('EXISTS', S) == 0 then return {'missing'} end
 if sget('type') ~= 'pull-wake' then return {'wrong_type'} end
 local now = now_ms()
 expire_lease(now, ARGV[2])
-for i = 3, #ARGV, 3 do
-  local path, tail, inc = ARGV[i], ARGV[i + 1], ARGV[i + 2]
-  local value = redis.call('HGET', L, path)
-  if value then
-    local types, acked, linc = link_parts(value)
-    if linc ~= inc then
-      acked = '-1'
-      redis.call('HSET', L, path, link_value(types, acked, inc))
-      redis.call('HDEL', P, path)
-    end
-    if bytes_less(acked, tail) then
-      local seen = redis.call('HGET', P, path)
-      if not seen or bytes_less(seen, tail) then redis.call('HSET', P, path, tail) end
-    end
-  end
-end
+for i = 3, #ARGV, 3 do observe(ARGV[i], ARGV[i + 1], ARGV[i + 2]) end
 if sget('holder') ~= '' then return {'busy', sget('holder'), sget('gen')} end
 if sget('wake') == '' and not begin_wake(now, ARGV[2]) then return {'idle'} end
 -- The claim covers everything pending now, not only the wake's first snapshot.

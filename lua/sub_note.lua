@@ -9,24 +9,6 @@ if redis.call('EXISTS', S) == 0 then return {'gone'} end
 local now = now_ms()
 expire_lease(now, ARGV[1])
 local out = {'ok'}
-for i = 2, #ARGV, 3 do
-  local path, tail, inc = ARGV[i], ARGV[i + 1], ARGV[i + 2]
-  local value = redis.call('HGET', L, path)
-  if not value then
-    out[#out + 1] = ''
-  else
-    local types, acked, linc = link_parts(value)
-    if linc ~= inc then
-      acked = '-1'
-      redis.call('HSET', L, path, link_value(types, acked, inc))
-      redis.call('HDEL', P, path)
-    end
-    if bytes_less(acked, tail) then
-      local seen = redis.call('HGET', P, path)
-      if not seen or bytes_less(seen, tail) then redis.call('HSET', P, path, tail) end
-    end
-    out[#out + 1] = types
-  end
-end
+for i = 2, #ARGV, 3 do out[#out + 1] = observe(ARGV[i], ARGV[i + 1], ARGV[i + 2]) or '' end
 if sget('wake') == '' and sget('holder') == '' then begin_wake(now, ARGV[1]) end
 return out

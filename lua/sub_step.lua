@@ -2,7 +2,7 @@
 -- does now. Expired leases are cleared first (a new wake if work is pending).
 -- KEYS: the subscription's (_subs.lua).
 -- ARGV: 1 id, 2 a fresh wake id, 3 the worker's fresh token (fencing between workers),
---   4 how long the worker holds it (ms) while it delivers.
+--   4 how long the worker holds it (ms) while it delivers, 5 while it backfills.
 -- Returns one of
 --   {'gone'} | {'idle'} | {'wait'}            nothing to do now
 --   {'backfill', cfg}                         link the pattern's existing streams, then sub_result 'backfilled'
@@ -30,13 +30,13 @@ local function snapshot()
   return out
 end
 
-local function hold_for_worker()
+local function hold_for_worker(ms)
   redis.call('HSET', S, 'dtoken', token)
-  redis.call('ZADD', DUE, now + hold, id)
+  redis.call('ZADD', DUE, now + (ms or hold), id)
 end
 
 if sget('backfill') == '1' then
-  hold_for_worker()
+  hold_for_worker(tonumber(ARGV[5]))
   return {'backfill', sget('cfg')}
 end
 if sget('wake') == '' then

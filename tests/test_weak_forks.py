@@ -310,7 +310,8 @@ async def test_a_late_release_leaves_a_new_incarnations_fork_alone(
     await fork(store, child, src, 3, pin=False)
     await store.delete(src)
     await make(store, src, b"ABCDEF")
-    result = await store.scripts.on_stream("delete", child)  # delete.lua alone: no release yet
+    # delete.lua alone: no release yet
+    result = await store.scripts.run("delete", store.keys_with_subscribers(child), [keys.SUBS_WAKE_CHANNEL])
     assert result[0] == b"deleted"
     await fork(store, child, src, 3, pin=True)  # a pinning fork at the same path, of the new source
     await store.forks.release(child, result[1].decode(), result[2].decode())  # the late release

@@ -64,7 +64,6 @@ from gateway.protocol.subscriptions import (
     BEFORE_FIRST,
     PatternIndex,
     SubscriptionConfig,
-    glob_match,
     issue_token,
     new_wake_id,
     retry_delay_ms,
@@ -86,7 +85,8 @@ from .health import Heartbeat
 log = logging.getLogger("durable_streams.deliver")
 limited = RateLimited(log)
 BATCH = 100  # outbox entries or due subscriptions taken at once
-HOLD_MS = 30_000  # how long a taken outbox entry or backfill stays with its worker
+HOLD_MS = 30_000  # how long a taken outbox entry stays with its worker
+BACKFILL_HOLD_MS = 600_000  # and a backfill (a pass over every key; passes are shared)
 ALIVE_MS = 30_000  # keys.SUBS_WORKER_ALIVE's expiry; renewed every third of it
 MAX_RESPONSE_BYTES = 64 * 1024  # of a webhook's answer: only {"done": true} matters
 SCAN_BATCH = 500
@@ -158,6 +158,11 @@ class Delivery:
         self.wake = asyncio.Event()
         self.slots = asyncio.Semaphore(settings.webhook_concurrency)
         self.tasks: set[asyncio.Task[Any]] = set()
+        self.backfills: set[asyncio.Task[Any]] = set()
+        # Backfills waiting for the next pass over the keyspace: id -> (pattern, created ms,
+        # done). One pass at a time serves every subscription that asked before it began.
+        self._waiting: dict[str, tuple[str, int, asyncio.Future[None]]] = {}
+        self._pass: asyncio.Task[None] | None = None
         self.session: aiohttp.ClientSession | None = None
 
     # -- plumbing -----------------------------------------------------------------
@@ -199,9 +204,11 @@ class Delivery:
         finally:
             for task in loops:
                 task.cancel()
-            for task in list(self.tasks):
+            for task in [*self.tasks, *self.backfills]:
                 task.cancel()
-            await asyncio.gather(*loops, *self.tasks, return_exceptions=True)
+            if self._pass is not None:
+                self._pass.cancel()
+            await asyncio.gather(*loops, *self.tasks, *self.backfills, return_exceptions=True)
             await self.session.close()
 
     async def _work(self, stop: asyncio.Event) -> None:
@@ -334,6 +341,8 @@ class Delivery:
             state, tail, inc = text(state), text(tail), text(inc)
             if state == "ok":
                 await self._tell(sid, links_key, offsets.encode(int(tail)), inc, flat_pairs(flat))
+            else:
+                await self._forget(sid, links_key, flat_pairs(flat))
             await self.scripts.run("outbox_done", [outbox, meta], [sid, tail])
             metrics.WAKE_LAG.observe(max(0.0, (now_ms() - recorded) / 1000))
         except Exception as exc:  # left to the hold's expiry: taken again
@@ -355,6 +364,19 @@ class Delivery:
             if result[0] == "gone" or result[1] == "":
                 gone.append(sub)
         if gone:  # deleted subscriptions, removed links: appends stop recording for them
+            await self.scripts.run("stream_link", [links_key], ["", *_pairs(gone, "")])
+
+    async def _forget(self, sid: str, links_key: str, links: dict[str, str]) -> None:
+        """A deleted stream leaves the patterns' links (explicit ones stay: a stream made
+        anew at the path starts over, sub_note.lua)."""
+        links.pop("_inc", None)
+        path = keys.path_of(sid)
+        gone = []
+        for sub in links:
+            result = await self.subs.call("sub_links", sub, "remove", "g", path)
+            if result[0] == "missing" or result[1] == "":
+                gone.append(sub)
+        if gone:
             await self.scripts.run("stream_link", [links_key], ["", *_pairs(gone, "")])
 
     async def _link(self, path: str, subs: list[str], acked: str, inc: str) -> list[str]:
@@ -381,7 +403,7 @@ class Delivery:
     async def step(self, sub: str) -> None:
         token = uuid.uuid4().hex
         hold_ms = int(self.settings.webhook_timeout * 1000) + 5000
-        result = await self.subs.call("sub_step", sub, sub, new_wake_id(), token, hold_ms)
+        result = await self.subs.call("sub_step", sub, sub, new_wake_id(), token, hold_ms, BACKFILL_HOLD_MS)
         action = result[0]
         if action == "deliver":
             _, gen, wake, cfg, attempts, streams, base = result
@@ -399,10 +421,18 @@ class Delivery:
             await self.subs.call(
                 "sub_result", sub, "emitted" if ok else "failed", token, gen, wake, delay, new_wake_id()
             )
-        elif action == "backfill":
+        elif action == "backfill":  # waits for a pass over the keyspace: not in a delivery slot
             config = SubscriptionConfig.from_json(result[1].encode())
+            task = asyncio.create_task(self._guarded_backfill(sub, token, config))
+            self.backfills.add(task)
+            task.add_done_callback(self.backfills.discard)
+
+    async def _guarded_backfill(self, sub: str, token: str, config: SubscriptionConfig) -> None:
+        try:
             await self.backfill(sub, config)
             await self.subs.call("sub_result", sub, "backfilled", token, "", "", 0, new_wake_id())
+        except Exception as exc:  # left to the hold's expiry: another pass
+            limited.log(logging.ERROR, "backfill", "linking a pattern's streams failed", exc_info=exc)
 
     async def deliver(
         self,
@@ -515,7 +545,27 @@ class Delivery:
         state = await self.scripts.redis.hget(keys.sub_keys(sub, self.cluster)[0], "created_ms")
         if state is None:
             return
-        await self._backfill({sub: (config.pattern, int(text(state)))})
+        done = asyncio.get_running_loop().create_future()
+        self._waiting[sub] = (config.pattern, int(text(state)), done)
+        if self._pass is None or self._pass.done():
+            self._pass = asyncio.create_task(self._passes())
+        await done
+
+    async def _passes(self) -> None:
+        """Passes over the keyspace while backfills wait: 10,000 new pattern subscriptions
+        cost a few passes, not 10,000."""
+        while self._waiting:
+            batch, self._waiting = self._waiting, {}
+            try:
+                await self._backfill({sub: (pattern, made) for sub, (pattern, made, _) in batch.items()})
+            except Exception as exc:
+                for *_, done in batch.values():
+                    if not done.done():
+                        done.set_exception(exc)
+            else:
+                for *_, done in batch.values():
+                    if not done.done():
+                        done.set_result(None)
 
     async def _catch_up(self) -> None:
         """At start: every pattern subscription's streams (a stream created while no
@@ -536,16 +586,18 @@ class Delivery:
         """Link every stream matching one of ``wanted`` (id -> (pattern, created ms)):
         made after the subscription at -1, else at its tail; then tell it the tail."""
         redis = self.scripts.redis
+        index = PatternIndex()
+        for sub, (pattern, _) in wanted.items():
+            index.add(sub, pattern)
         for node in await every_node(redis):
             cursor = 0
             while True:
                 reply, found = await redis.scan(cursor, match=keys.META_PATTERN, count=SCAN_BATCH, **node)
                 cursor = int(next(iter(reply.values())) if isinstance(reply, dict) else reply)
                 for key in found:
-                    name = text(key)
-                    sid = keys.key_stream_id(name)
+                    sid = keys.key_stream_id(text(key))
                     path = keys.path_of(sid)
-                    subs = [s for s, (pattern, _) in wanted.items() if glob_match(pattern, path)]
+                    subs = index.match(path)
                     if subs:
                         await self._backfill_stream(sid, path, subs, wanted)
                 self.heartbeat.beat()

@@ -50,6 +50,10 @@ class Store:
         self.appends = Appends(self.scripts, self.hints, notice_payload_bytes)
         self.forks = Forks(self.scripts, self.reads, max_chunk_bytes)
         self.subscriptions = Subscriptions(scripts)
+        if scripts.cluster:
+            keys.subs_outbox(
+                "", cluster=True
+            )  # its table of slot tags, now (~0.5 s) rather than at an append
         # Appends and reads are the collaborators' own methods, bound here: no wrapper that
         # repeats their signatures and costs every request a coroutine (see appends.py, reads.py).
         self.append = self.appends.append
@@ -93,11 +97,7 @@ class Store:
         expiry: Expiry,
         fork: ForkPlan | None,
     ) -> tuple[bool, Meta]:
-        script_keys = [
-            *keys.stream_keys(sid),
-            keys.stream_subs(sid),
-            keys.subs_outbox(sid, self.scripts.cluster),
-        ]
+        script_keys = self.keys_with_subscribers(sid)
         record = await self.subscriptions.workers.alive()
         result = await self.scripts.run(
             "create",
@@ -130,8 +130,12 @@ class Store:
             self.hints.mark(sid)
         return status == "created", Meta.parse(sid, result[1])
 
+    def keys_with_subscribers(self, sid: str) -> list[str]:
+        """A stream's keys, its subscription links and its slot's outbox (create.lua, delete.lua)."""
+        return [*keys.stream_keys(sid), keys.stream_subs(sid), keys.subs_outbox(sid, self.scripts.cluster)]
+
     async def delete(self, sid: str) -> None:
-        result = await self.scripts.on_stream("delete", sid)
+        result = await self.scripts.run("delete", self.keys_with_subscribers(sid), [keys.SUBS_WAKE_CHANNEL])
         status = text(result[0])
         if status in ("missing", "gone"):
             raise not_found(status)

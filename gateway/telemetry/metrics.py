@@ -113,7 +113,8 @@ WAKE_LAG = Histogram(
 )
 SUBSCRIPTIONS_DUE = Gauge(
     "ds_subscriptions_due",
-    "Subscriptions with something due now (deliveries, retries, expired leases), as this worker last saw",
+    "Subscriptions this worker took from the schedules in its last pass (deliveries, retries, expired "
+    "leases): at the batch size, a backlog",
     multiprocess_mode="max",
 )
 BUILD_INFO = Gauge(
