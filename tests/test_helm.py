@@ -20,7 +20,7 @@ import jsonschema
 import pytest
 import yaml
 
-from gateway.config import Settings, env_name
+from gateway.config import COMMON, DELIVERY, Settings, env_name
 
 from .chart import CHART, ROOT, Rendered, RenderError, lint, render, validate
 
@@ -75,13 +75,15 @@ def test_every_values_file_renders_and_validates(case: str) -> None:
 def test_the_matrix_covers_what_users_install() -> None:
     names = {p.name for p in EXAMPLES} | {p.name for p in CASES.glob("*.yaml")}
     assert {"production.yaml", "laptop.yaml", "archive-s3.yaml", "auth.yaml", "admin-port-off.yaml",
-            "redis-cluster.yaml"} <= names  # fmt: skip
+            "redis-cluster.yaml", "subscriptions.yaml"} <= names  # fmt: skip
     laptop = render([CHART / "examples" / "laptop.yaml"])
     assert laptop.get("StatefulSet", "t-durable-streams-redis")
     production = render([CHART / "examples" / "production.yaml"])
     kinds = {d["kind"] for d in production.docs}
     assert {"Ingress", "HorizontalPodAutoscaler", "NetworkPolicy", "ServiceMonitor", "CronJob",
             "PodDisruptionBudget"} <= kinds  # fmt: skip
+    for rendered in (laptop, production):  # every install delivers subscriptions
+        assert rendered.get("Deployment", "t-durable-streams-deliver")
 
 
 # -- one test per defect a first install met ------------------------------------------------------
@@ -239,8 +241,9 @@ def test_the_spark_job_reads_a_window_and_reaches_s3_compatible_stores() -> None
 
 def test_pods_spread_and_are_locked_down() -> None:
     rendered = render((), S3)
-    for component in ("gateway", "archive"):
+    for component in ("gateway", "archive", "deliver"):
         pod = _pod(rendered, component)
+        assert pod["automountServiceAccountToken"] is False
         term = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]
         labels = term["podAffinityTerm"]["labelSelector"]["matchLabels"]
         assert labels["app.kubernetes.io/component"] == component
@@ -307,10 +310,195 @@ def test_network_policies() -> None:
     public, admin = gateway
     assert public["ports"] == [{"port": "http"}] and "from" not in public
     assert admin["ports"] == [{"port": "admin"}] and admin["from"] == [{"podSelector": {}}]
+    assert rendered.get("NetworkPolicy", "t-durable-streams-gateway")["spec"]["policyTypes"] == ["Ingress"]
     bundled = render((), {"redis.enabled": "true", "networkPolicy.enabled": "true"})
     (rule,) = bundled.get("NetworkPolicy", "t-durable-streams-redis")["spec"]["ingress"]
     assert rule["from"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/instance"] == "t"
     assert not render((), REDIS).of_kind("NetworkPolicy")
+
+
+def test_delivery_workers_reach_dns_redis_and_public_https_only() -> None:
+    """The one component whose egress is restricted: it calls URLs subscribers chose."""
+    rendered = render((), {**REDIS, "networkPolicy.enabled": "true"})
+    spec = rendered.get("NetworkPolicy", "t-durable-streams-deliver")["spec"]
+    assert spec["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "deliver"
+    assert set(spec["policyTypes"]) == {"Ingress", "Egress"}
+    (metrics,) = spec["ingress"]
+    assert metrics == {"ports": [{"port": "metrics"}], "from": [{"podSelector": {}}]}
+    dns, redis, webhooks = spec["egress"]
+    assert dns == {"ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]}
+    assert redis == {"ports": [{"port": 6379, "protocol": "TCP"}]}
+    assert webhooks["ports"] == [{"port": 443, "protocol": "TCP"}]
+    v4, v6 = (peer["ipBlock"] for peer in webhooks["to"])
+    assert v4["cidr"] == "0.0.0.0/0" and v6["cidr"] == "::/0"
+    for private in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16", "127.0.0.0/8"):
+        assert private in v4["except"], private
+    assert {"fc00::/7", "fe80::/10"} <= set(v6["except"]) and not any(":" in c for c in v4["except"])
+    # the Redis port follows the URL; the chart's own Redis is reached by pod
+    tls = render([CASES / "admin-port-off.yaml"]).get("NetworkPolicy", "t-durable-streams-deliver")
+    assert tls["spec"]["egress"][1] == {"ports": [{"port": 6380, "protocol": "TCP"}]}
+    bundled = render((), {"redis.enabled": "true", "networkPolicy.enabled": "true"})
+    redis = bundled.get("NetworkPolicy", "t-durable-streams-deliver")["spec"]["egress"][1]
+    assert redis["to"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "redis"
+    # what the values say: Redis' subnet and ports, more webhook ports, an in-cluster receiver
+    custom = render([CASES / "subscriptions.yaml"]).get("NetworkPolicy", "t-durable-streams-deliver")["spec"]
+    _, redis, webhooks, receiver = custom["egress"]
+    assert redis["to"] == [{"ipBlock": {"cidr": "10.0.5.0/24"}}]
+    assert [p["port"] for p in redis["ports"]] == [6379, 6380]
+    assert [p["port"] for p in webhooks["ports"]] == [443, 8443]
+    assert receiver["ports"] == [{"port": 8080}]
+    # no workers, no policy for them; the gateways' egress stays open
+    off = render((), {**REDIS, "networkPolicy.enabled": "true", "deliver.enabled": "false"})
+    with pytest.raises(KeyError):
+        off.get("NetworkPolicy", "t-durable-streams-deliver")
+    notes = render((), {**REDIS, "networkPolicy.enabled": "true"},
+                   set_string={"deliver.webhookAllow": "*.svc.cluster.local"}, notes=True).notes  # fmt: skip
+    assert "networkPolicy.deliverEgress.extra" in notes
+
+
+def test_delivery_workers_run_by_default() -> None:
+    """Subscriptions are part of the protocol: a release without delivery workers would accept
+    them and never deliver. Workers run `durable-streams deliver` with the settings ConfigMap,
+    the Redis URL, their own metrics port (the liveness probe's /healthz), and no volume."""
+    rendered = render((), {**S3, "archive.s3.existingSecret": "s3"})
+    deployment = rendered.get("Deployment", "t-durable-streams-deliver")
+    assert deployment["spec"]["replicas"] == VALUES["deliver"]["replicas"] == 1
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["args"] == ["deliver"] and "command" not in container
+    assert container["image"] == _pod(rendered, "gateway")["containers"][0]["image"]
+    env = {e["name"]: e for e in container["env"]}
+    redis_url = env["DURABLE_STREAMS_REDIS_URL"]["valueFrom"]["secretKeyRef"]
+    assert redis_url["name"] == "t-durable-streams-redis-url"
+    assert env["DURABLE_STREAMS_METRICS_PORT"]["value"] == "9465"
+    assert "DURABLE_STREAMS_WEBHOOK_SIGNING_KEY_FILE" not in env  # the key is then kept in Redis
+    # the settings, and not the archive's S3 credentials: the workers never touch the archive
+    assert container["envFrom"] == [{"configMapRef": {"name": "t-durable-streams-settings"}}]
+    assert container["ports"] == [{"name": "metrics", "containerPort": 9465}]
+    probe = container["livenessProbe"]
+    assert probe["httpGet"] == {"path": "/healthz", "port": "metrics"} and probe["timeoutSeconds"] >= 1
+    assert {v["name"] for v in pod["volumes"]} == {"tmp"}
+    assert container["securityContext"]["readOnlyRootFilesystem"] and pod["securityContext"]["runAsNonRoot"]
+    service = rendered.get("Service", "t-durable-streams-deliver-metrics")["spec"]
+    assert service["ports"] == [{"name": "metrics", "port": 9465, "targetPort": "metrics"}]
+    assert service["selector"]["app.kubernetes.io/component"] == "deliver"
+    # their settings; each worker's metrics port is its own (not one for both in the ConfigMap)
+    settings = _settings(rendered)
+    assert settings["DURABLE_STREAMS_WEBHOOK_TIMEOUT"] == "10"
+    assert settings["DURABLE_STREAMS_WEBHOOK_CONCURRENCY"] == "256"
+    assert settings["DURABLE_STREAMS_DELIVER_POLL_SECONDS"] == "0.1"
+    assert settings["DURABLE_STREAMS_DELIVER_SWEEP_SECONDS"] == "5"
+    assert settings["DURABLE_STREAMS_SUBSCRIPTION_MAX_STREAMS"] == "1000"
+    assert "DURABLE_STREAMS_WEBHOOK_ALLOW" not in settings and "DURABLE_STREAMS_METRICS_PORT" not in settings
+    archive_env = {e["name"]: e.get("value") for e in _pod(rendered, "archive")["containers"][0]["env"]}
+    assert archive_env["DURABLE_STREAMS_METRICS_PORT"] == "9464"
+    # every setting a worker is given is one `durable-streams deliver` reads
+    reads = (*COMMON, *DELIVERY, "webhook_allow", "metrics_port", "redis_timeout")
+    deliver_reads = {env_name(n) for n in reads}
+    assert {n for n in env if n.startswith("DURABLE_STREAMS_")} <= deliver_reads
+    assert {"DURABLE_STREAMS_WEBHOOK_TIMEOUT", "DURABLE_STREAMS_WEBHOOK_CONCURRENCY",
+            "DURABLE_STREAMS_DELIVER_POLL_SECONDS", "DURABLE_STREAMS_DELIVER_SWEEP_SECONDS",
+            "DURABLE_STREAMS_REDIS_TIMEOUT"} <= deliver_reads & set(settings)  # fmt: skip
+    # scraped with the archive workers by one endpoint (both ports are named "metrics")
+    monitored = render((), {**REDIS, "metrics.serviceMonitor.enabled": "true"})
+    ports = [e["port"] for e in monitored.get("ServiceMonitor", "t-durable-streams")["spec"]["endpoints"]]
+    assert sorted(ports) == ["admin", "metrics"]
+    both = render((), {**S3, "metrics.serviceMonitor.enabled": "true"})
+    assert [e["port"] for e in both.get("ServiceMonitor", "t-durable-streams")["spec"]["endpoints"]].count(
+        "metrics") == 1  # fmt: skip
+    notes = render((), REDIS, notes=True).notes
+    assert "Subscriptions: 1 delivery worker (durable-streams deliver)" in notes
+    assert "/v1/stream/__ds/jwks.json" in notes and ":9465/metrics on the delivery workers" in notes
+    # what the values say reaches them
+    custom = render([CASES / "subscriptions.yaml"])
+    assert custom.get("Deployment", "t-durable-streams-deliver")["spec"]["replicas"] == 3
+    settings = _settings(custom)
+    assert settings["DURABLE_STREAMS_WEBHOOK_TIMEOUT"] == "5"
+    assert settings["DURABLE_STREAMS_WEBHOOK_CONCURRENCY"] == "64"
+    assert settings["DURABLE_STREAMS_DELIVER_SWEEP_SECONDS"] == "2.5"
+    assert settings["DURABLE_STREAMS_SUBSCRIPTION_MAX_STREAMS"] == "200"
+    extra = {e["name"]: e.get("value") for e in _pod(custom, "deliver")["containers"][0]["env"]}
+    assert extra["DURABLE_STREAMS_LOG_LEVEL"] == "debug"
+    # refused as Helm would refuse them (the schema)
+    for key, bad in (("webhookConcurrency", "-1"), ("replicas", "0"), ("metricsPort", "0")):
+        with pytest.raises(RenderError, match="schema"):
+            render((), {**REDIS, f"deliver.{key}": bad})
+
+
+def test_without_delivery_workers_nothing_of_theirs_is_rendered() -> None:
+    sets = {**REDIS, "deliver.enabled": "false", "networkPolicy.enabled": "true",
+            "metrics.serviceMonitor.enabled": "true"}  # fmt: skip
+    key = {"deliver.signingKey.value": "-----BEGIN PRIVATE KEY-----"}
+    rendered = render((), sets, set_string=key, notes=True)
+    names = {d["metadata"]["name"] for d in rendered.docs}
+    assert not {n for n in names if "deliver" in n or "webhook" in n}, sorted(names)
+    assert [d["metadata"]["name"] for d in rendered.of_kind("Deployment")] == ["t-durable-streams-gateway"]
+    endpoints = rendered.get("ServiceMonitor", "t-durable-streams")["spec"]["endpoints"]
+    assert [e["port"] for e in endpoints] == ["admin"]
+    assert "NO DELIVERY WORKERS" in rendered.notes
+    # gateways still serve the subscription APIs, with their settings
+    assert _settings(rendered)["DURABLE_STREAMS_SUBSCRIPTION_MAX_STREAMS"] == "1000"
+
+
+def test_the_webhook_signing_key_is_mounted_in_delivery_workers_only() -> None:
+    """DURABLE_STREAMS_WEBHOOK_SIGNING_KEY_FILE names a file of a Secret volume (a directory, not
+    subPath) of the delivery workers; no other pod mounts that Secret or names the file."""
+    pem = "-----BEGIN PRIVATE KEY-----\nMC4CAQAwBQYDK2VwBCIEIA==\n-----END PRIVATE KEY-----\n"
+    cases = {
+        "ds-webhook-key": render([CASES / "subscriptions.yaml"]),
+        "t-durable-streams-webhook-signing-key": render((), {**S3, "auth.signingKey.value": "k" * 32},
+                                                        set_string={"deliver.signingKey.value": pem}),
+    }  # fmt: skip
+    for secret, rendered in cases.items():
+        pod = _pod(rendered, "deliver")
+        (container,) = pod["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        path = env["DURABLE_STREAMS_WEBHOOK_SIGNING_KEY_FILE"]
+        directory, _, name = path.rpartition("/")
+        (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == directory]
+        assert mount["readOnly"] and "subPath" not in mount
+        (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+        assert volume["secret"]["secretName"] == secret
+        (item,) = volume["secret"]["items"]
+        assert item["path"] == name
+        assert item["key"] == ("ed25519.pem" if secret == "ds-webhook-key" else "signing-key.pem")
+        for other in _pod_specs(rendered):
+            if other is pod:
+                continue
+            secrets = {v["secret"]["secretName"] for v in other.get("volumes", []) if "secret" in v}
+            assert secret not in secrets, other["containers"][0]["name"]
+            for c in other["containers"]:
+                assert "DURABLE_STREAMS_WEBHOOK_SIGNING_KEY_FILE" not in {e["name"] for e in c.get("env", [])}
+        assert "DURABLE_STREAMS_WEBHOOK_SIGNING_KEY_FILE" not in _settings(rendered)
+    # inline: a Secret of its own (never the gateways' auth Secret), and the pods roll when it changes
+    inline = cases["t-durable-streams-webhook-signing-key"]
+    key_secret = inline.get("Secret", "t-durable-streams-webhook-signing-key")
+    assert key_secret["stringData"] == {"signing-key.pem": pem}
+    assert "signing-key.pem" not in inline.get("Secret", "t-durable-streams-auth")["stringData"]
+    template = inline.get("Deployment", "t-durable-streams-deliver")["spec"]["template"]
+    assert "checksum/webhook-signing-key" in template["metadata"]["annotations"]
+    assert "checksum/webhook-signing-key" not in _template(inline, "gateway")["metadata"]["annotations"]
+    # a Secret of yours wins over the inline key; without either, nothing is mounted
+    both = render([CASES / "subscriptions.yaml"], set_string={"deliver.signingKey.value": pem})
+    assert not [d for d in both.of_kind("Secret") if "webhook" in d["metadata"]["name"]]
+    assert _pod(both, "deliver")["volumes"][1]["secret"]["secretName"] == "ds-webhook-key"
+    assert "the key in Secret ds-webhook-key" in render([CASES / "subscriptions.yaml"], notes=True).notes
+
+
+def test_webhook_allow_reaches_gateways_and_delivery_workers() -> None:
+    """Gateways check it when a subscription is created, workers at every delivery: the same value,
+    from the settings ConfigMap, overridden in neither pod (gateways get it without workers too)."""
+    allow = "10.20.0.0/16, *.svc.cluster.local"
+    for components, sets in ((("gateway", "deliver"), {}), (("gateway",), {"deliver.enabled": "false"})):
+        rendered = render([CASES / "subscriptions.yaml"], sets)
+        assert _settings(rendered)["DURABLE_STREAMS_WEBHOOK_ALLOW"] == allow
+        for component in components:
+            (container,) = _pod(rendered, component)["containers"]
+            assert {"configMapRef": {"name": "t-durable-streams-settings"}} in container["envFrom"], component
+            assert "DURABLE_STREAMS_WEBHOOK_ALLOW" not in {e["name"] for e in container["env"]}, component
+    # blank: unset (the strict rules) for both
+    blank = render((), REDIS, set_string={"deliver.webhookAllow": " "})
+    assert "DURABLE_STREAMS_WEBHOOK_ALLOW" not in _settings(blank)
 
 
 def test_helm_test_checks_a_stream_through_the_service() -> None:
@@ -401,6 +589,9 @@ def test_what_a_review_for_real_clusters_found() -> None:
         assert "podAntiAffinity" not in pod["affinity"] and "topologySpreadConstraints" not in pod
         (term,) = pod["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
         assert term["topologyKey"] == "kubernetes.io/hostname"
+    # ... but the delivery workers, which mount no volume, are free to go anywhere
+    deliver = _pod(laptop, "deliver")
+    assert "podAffinity" not in deliver["affinity"] and {v["name"] for v in deliver["volumes"]} == {"tmp"}
     # the bundled Redis: what the gateways rely on comes after redis.extraConfig
     extra = "maxmemory 0\nport 7000\nprotected-mode yes\nappendonly no"
     conf = render((), {"redis.enabled": "true"}, set_string={"redis.extraConfig": extra})
@@ -433,7 +624,23 @@ def test_values_match_the_schema() -> None:
                    {"rateLimits": "write=100/s"}, {"rateLimits": "read:=10/day"},
                    {"redis": {"enabled": True, "maxmemory": "lots"}}, {"logging": {"format": "xml"}},
                    {"spark": {"window": "yesterday"}}, {"tests": {"path": "/abs"}},
-                   {"archive": {"sharedVolume": {"accessModes": ["ReadWriteSometimes"]}}}):  # fmt: skip
+                   {"archive": {"sharedVolume": {"accessModes": ["ReadWriteSometimes"]}}},
+                   {"deliver": {"webhookConcurrency": -1}}, {"deliver": {"webhookConcurrency": 0}},
+                   {"deliver": {"webhookConcurrency": 2.5}}, {"deliver": {"replicas": 0}},
+                   {"deliver": {"webhookTimeoutSeconds": 0}}, {"deliver": {"webhookTimeoutSeconds": "10s"}},
+                   {"deliver": {"pollSeconds": -1}}, {"deliver": {"metricsPort": 70000}},
+                   {"deliver": {"enabled": "yes"}}, {"deliver": {"webhookAllow": ["10.0.0.0/8"]}},
+                   {"deliver": {"webhookAllow": "https://hooks.example.com"}},
+                   {"deliver": {"webhookAllow": "10.0.0.0/8; rm -rf"}},
+                   {"deliver": {"signingKey": {"value": "not a PEM key"}}},
+                   {"deliver": {"signingKey": {"value": "-----BEGIN OPENSSH PRIVATE KEY-----"}}},
+                   {"deliver": {"signingKey": {"existingSecret": "Not_A_Name"}}},
+                   {"deliver": {"signingKey": {"secret": "ds-webhook-key"}}}, {"deliver": {"workers": 2}},
+                   {"gateway": {"subscriptionMaxStreams": 0}},
+                   {"networkPolicy": {"deliverEgress": {"webhookPorts": []}}},
+                   {"networkPolicy": {"deliverEgress": {"webhookPorts": [0]}}},
+                   {"networkPolicy": {"deliverEgress": {"webhookExcept": ["10.0.0.0"]}}},
+                   {"networkPolicy": {"deliverEgress": {"redisPorts": ["redis"]}}}):  # fmt: skip
         values = copy.deepcopy(VALUES)
         for key, child in broken.items():
             merge = isinstance(child, dict) and isinstance(values.get(key), dict)
@@ -445,7 +652,15 @@ def test_values_match_the_schema() -> None:
                      "tokens": [{"name": "a", "sha256": "ab" * 32, "grants": "read:x/"}]}}}},
                  {"cors": {"origins": ["https://app.example.com"], "methods": ["GET"], "credentials": True}},
                  {"rateLimits": "write:=100/s+200 read:chat/=50/s anonymous:read:=0.5/min"},
-                 {"global": {"imageRegistry": "r.example.com"}}):  # fmt: skip
+                 {"global": {"imageRegistry": "r.example.com"}},
+                 {"deliver": {**VALUES["deliver"], "enabled": False, "replicas": 4, "webhookConcurrency": 1,
+                              "webhookAllow": "127.0.0.0/8, localhost,*.svc.cluster.local, ::1, fd00::/8",
+                              "signingKey": {"existingSecret": "ds-webhook-key", "existingSecretKey": "ed25519.pem",
+                                             "value": "-----BEGIN PRIVATE KEY-----\nMC4C\n"}}},
+                 {"networkPolicy": {**VALUES["networkPolicy"], "deliverEgress": {
+                     "webhookPorts": [443, 8443], "webhookExcept": ["10.0.0.0/8", "fd00::/8"],
+                     "redisTo": [{"ipBlock": {"cidr": "10.0.5.0/24"}}], "redisPorts": [6380],
+                     "extra": [{"ports": [{"port": 8080}]}]}}}):  # fmt: skip
         values = copy.deepcopy(VALUES)
         for key, child in fine.items():
             values[key] = {**values[key], **child} if isinstance(values.get(key), dict) else child
@@ -482,7 +697,11 @@ def test_environment_variables_are_real_settings() -> None:
 
 
 def _pod(rendered: Rendered, component: str) -> dict:
-    return rendered.get("Deployment", f"t-durable-streams-{component}")["spec"]["template"]["spec"]
+    return _template(rendered, component)["spec"]
+
+
+def _template(rendered: Rendered, component: str) -> dict:
+    return rendered.get("Deployment", f"t-durable-streams-{component}")["spec"]["template"]
 
 
 def _redis_conf(rendered: Rendered, name: str = "t-durable-streams-redis") -> dict[str, str]:

@@ -140,9 +140,11 @@ checksum/secret: {{ include (print $.Template.BasePath "/secret.yaml") . | sha25
 
 {{/* Default scheduling (spreadPods) of one component, unless its own affinity /
 topologySpreadConstraints are given: prefer other nodes, spread over zones; soft rules only.
-Called with (dict "root" $ "component" "gateway" "values" .Values.gateway). */}}
+Gateways and archive workers, which mount a shared archive volume that is not ReadWriteMany, all
+go to its node instead. Called with (dict "root" $ "component" "gateway" "values" .Values.gateway). */}}
 {{- define "ds.scheduling" -}}
 {{- $selector := dict "app.kubernetes.io/name" (include "ds.name" .root) "app.kubernetes.io/instance" .root.Release.Name "app.kubernetes.io/component" .component -}}
+{{- $pinned := and (include "ds.archiveOnOneNode" .root) (has .component (list "gateway" "archive")) -}}
 {{- with .values.nodeSelector }}
 nodeSelector:
   {{- toYaml . | nindent 2 }}
@@ -154,7 +156,7 @@ tolerations:
 {{- if .values.affinity }}
 affinity:
   {{- toYaml .values.affinity | nindent 2 }}
-{{- else if include "ds.archiveOnOneNode" .root }}
+{{- else if $pinned }}
 # The archive volume is not ReadWriteMany: every pod that mounts it on the node that has it.
 affinity:
   podAffinity:
@@ -179,7 +181,7 @@ affinity:
 {{- if .values.topologySpreadConstraints }}
 topologySpreadConstraints:
   {{- toYaml .values.topologySpreadConstraints | nindent 2 }}
-{{- else if and .root.Values.spreadPods (not (include "ds.archiveOnOneNode" .root)) }}
+{{- else if and .root.Values.spreadPods (not $pinned) }}
 topologySpreadConstraints:
   - maxSkew: 1
     topologyKey: topology.kubernetes.io/zone
@@ -256,6 +258,34 @@ topologySpreadConstraints:
 
 {{- define "ds.signingKey" -}}
 {{- if .Values.auth.signingKey.existingSecret -}}{{- .Values.auth.signingKey.existingSecretKey -}}{{- else -}}signing-key{{- end -}}
+{{- end -}}
+
+{{/* The Secret and key of the webhook signing key ("" when there is none: the delivery
+workers then sign with a key kept in Redis). */}}
+{{- define "ds.webhookKeySecret" -}}
+{{- if .Values.deliver.signingKey.existingSecret -}}
+{{- .Values.deliver.signingKey.existingSecret -}}
+{{- else if .Values.deliver.signingKey.value -}}
+{{- printf "%s-webhook-signing-key" (include "ds.fullname" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "ds.webhookKeyKey" -}}
+{{- if .Values.deliver.signingKey.existingSecret -}}{{- .Values.deliver.signingKey.existingSecretKey -}}{{- else -}}signing-key.pem{{- end -}}
+{{- end -}}
+
+{{/* The ports delivery workers reach an external Redis on (networkPolicy.deliverEgress), one
+per line: redisPorts, else the port of externalRedis.url (6379 when it names none, or when the URL
+is in a Secret of yours). */}}
+{{- define "ds.redisPorts" -}}
+{{- $ports := .Values.networkPolicy.deliverEgress.redisPorts -}}
+{{- if and (not $ports) (not .Values.redis.enabled) (not .Values.externalRedis.existingSecret) .Values.externalRedis.url -}}
+{{- $port := regexFind "[0-9]+$" (regexFind ":[0-9]+$" (urlParse .Values.externalRedis.url).host) -}}
+{{- $ports = list ($port | default "6379") -}}
+{{- end -}}
+{{- range $ports | default (list 6379) }}
+{{ include "ds.envText" . }}
+{{- end -}}
 {{- end -}}
 
 {{/* "true" when access control is on: a credential source or anonymous grants (also through gateway.extraEnv). */}}
