@@ -2,6 +2,7 @@
 
     python -m loadtest.compare [--seconds 5] [--read-mb 256] [--servers ours,reference,reference-memory]
     python -m loadtest.compare --cluster [options of loadtest/cluster.py]
+    python -m loadtest.compare --subscriptions [options of loadtest/subscriptions.py]
 
 Starts each server in turn (ours: one gateway process on an embedded Redis
 with AOF fsync always; ``reference``: the npm server file-backed, its durable
@@ -14,6 +15,11 @@ Servers run one at a time, so they never compete for the machine.
 ``--cluster`` runs ``loadtest/cluster.py`` instead (the rest of the command line
 is its): ours on one Redis against ours on a 3+3 Redis Cluster, with and
 without ``--min-replicas-ack 1``, with the Redis CPU of every node.
+
+``--subscriptions`` runs ``loadtest/subscriptions.py`` instead (the rest of the
+command line is its): appends beside 10,000 non-matching pattern subscriptions
+against none, and webhook delivery (throughput, append-to-webhook latency), ours
+against the reference server.
 
 For ours it also records the longest AOF fsync Redis waited for during the
 run (Redis' latency monitor): with ``appendfsync always`` a slow disk stalls
@@ -133,11 +139,26 @@ def main() -> None:
 
         cluster.main([a for a in sys.argv[1:] if a != "--cluster"])
         return
+    if "--subscriptions" in sys.argv[1:]:
+        from . import subscriptions
+
+        # The first bare --subscriptions picks the script; one followed by a number is its
+        # (--subscriptions 5000: the script, with 5000 subscriptions).
+        argv = sys.argv[1:]
+        at = argv.index("--subscriptions")
+        bare = at + 1 == len(argv) or not argv[at + 1].isdigit()
+        subscriptions.main(argv[:at] + argv[at + 1 :] if bare else argv)
+        return
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
         "--cluster", action="store_true", help="one Redis vs a Redis Cluster instead (loadtest/cluster.py)"
+    )
+    parser.add_argument(
+        "--subscriptions",
+        action="store_true",
+        help="many subscriptions' cost to appends, and webhooks, instead (loadtest/subscriptions.py)",
     )
     parser.add_argument("--servers", default=",".join(KINDS))
     parser.add_argument("--seconds", type=float, default=5.0, help="seconds per append scenario")

@@ -655,7 +655,8 @@ def test_values_match_the_schema() -> None:
                  {"global": {"imageRegistry": "r.example.com"}},
                  {"deliver": {**VALUES["deliver"], "enabled": False, "replicas": 4, "webhookConcurrency": 1,
                               "webhookAllow": "127.0.0.0/8, localhost,*.svc.cluster.local, ::1, fd00::/8",
-                              "signingKey": {"existingSecret": "ds-webhook-key", "existingSecretKey": "ed25519.pem",
+                              "signingKey": {"existingSecret": "ds-webhook-key",
+                                             "existingSecretKey": "ed25519.pem",
                                              "value": "-----BEGIN PRIVATE KEY-----\nMC4C\n"}}},
                  {"networkPolicy": {**VALUES["networkPolicy"], "deliverEgress": {
                      "webhookPorts": [443, 8443], "webhookExcept": ["10.0.0.0/8", "fd00::/8"],
