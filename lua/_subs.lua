@@ -17,6 +17,7 @@
 --   above its acked offset (offsets compare as strings: fixed width; '-1' is
 --   below every offset).
 local S, L, P, DUE = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local ZERO = '0000000000000000_0000000000000000'
 
 local function sget(field) return redis.call('HGET', S, field) end
 
@@ -27,22 +28,45 @@ end
 
 local function link_value(types, acked, inc) return types .. '|' .. acked .. '|' .. inc end
 
--- A new wake: the next generation over everything pending now. Webhooks are
--- due for delivery at once; pull-wake writes its wake events first ('emit').
+-- The subscription's next time in its group's schedule: `at` (ms, nil: nothing due),
+-- or sooner the end of a backfill's hold (a worker that died while backfilling
+-- leaves it to another). Every change to the schedule goes through here.
+local function schedule(at)
+  if sget('backfill') == '1' then
+    local hold = tonumber(sget('bf_until') or '0')
+    if at == nil or hold < at then at = hold end
+  end
+  if at == nil then
+    redis.call('ZREM', DUE, sget('id'))
+  else
+    redis.call('ZADD', DUE, at, sget('id'))
+  end
+end
+
+-- A new wake: the next generation over everything pending now (its snapshot:
+-- "path\ttail\tincarnation" lines). Webhooks are due for delivery at once (or at
+-- the retry time a failing receiver was given); pull-wake writes its wake events
+-- first ('emit').
 local function begin_wake(now, wake_id)
   local pend = redis.call('HGETALL', P)
-  if #pend == 0 then return false end
+  if #pend == 0 then
+    schedule(nil)
+    return false
+  end
   local snap = {}
-  for i = 1, #pend, 2 do snap[#snap + 1] = pend[i] .. '\t' .. pend[i + 1] end
+  for i = 1, #pend, 2 do
+    local value = redis.call('HGET', L, pend[i])
+    local inc = value and select(3, link_parts(value)) or ''
+    snap[#snap + 1] = pend[i] .. '\t' .. pend[i + 1] .. '\t' .. inc
+  end
   local gen = redis.call('HINCRBY', S, 'gen', 1)
-  redis.call('HSET', S, 'wake', wake_id, 'snap', table.concat(snap, '\n'), 'delivered', '0', 'dtoken', '')
+  redis.call('HSET', S, 'wake', wake_id, 'snap', table.concat(snap, '\n'), 'delivered', '0', 'dtoken', '',
+    'd_until', '0', 'lease_until', '0')
   if sget('type') == 'webhook' then
-    local next_at = tonumber(sget('next_at') or '0')
-    redis.call('HSET', S, 'lease_until', '0')
-    redis.call('ZADD', DUE, math.max(now, next_at), sget('id'))
+    schedule(math.max(now, tonumber(sget('next_at') or '0')))
   else
-    redis.call('HSET', S, 'emit', '1', 'lease_until', '0')
-    redis.call('ZADD', DUE, now, sget('id'))
+    redis.call('HSET', S, 'emit', '1')
+    schedule(now)
   end
   return gen
 end
@@ -50,20 +74,31 @@ end
 -- Clears the wake in flight and its lease; starts the next wake if work is pending.
 local function end_wake(now, wake_id)
   redis.call('HSET', S, 'wake', '', 'holder', '', 'lease_until', '0', 'snap', '', 'delivered', '0',
-    'dtoken', '', 'emit', '0')
-  redis.call('ZREM', DUE, sget('id'))
+    'dtoken', '', 'd_until', '0', 'emit', '0')
   return begin_wake(now, wake_id) ~= false
 end
 
 -- A lease past its time is cleared (spec 7.3) before anything else looks at the
--- state; returns whether one was.
+-- state; returns whether one was. Not while a webhook POST is still out (within its
+-- worker's hold): its answer decides, and a second POST would race it.
 local function expire_lease(now, wake_id)
   local until_ms = tonumber(sget('lease_until') or '0')
-  if until_ms > 0 and until_ms <= now and (sget('wake') or '') ~= '' then
-    end_wake(now, wake_id)
-    return true
+  if until_ms == 0 or until_ms > now or (sget('wake') or '') == '' then return false end
+  if sget('dtoken') ~= '' and sget('delivered') ~= '1' and tonumber(sget('d_until') or '0') > now then
+    return false
   end
-  return false
+  end_wake(now, wake_id)
+  return true
+end
+
+-- The wake's snapshot as {path, tail, incarnation} triples.
+local function snapshot_lines()
+  local out = {}
+  for line in string.gmatch(sget('snap') or '', '[^\n]+') do
+    local path, tail, inc = string.match(line, '^(.-)\t([^\t]*)\t?([^\t]*)$')
+    out[#out + 1] = {path, tail, inc}
+  end
+  return out
 end
 
 -- A linked stream's tail as seen now: pending if above the acked offset (a stream
@@ -77,7 +112,8 @@ local function observe(path, tail, inc)
     redis.call('HSET', L, path, link_value(types, acked, inc))
     redis.call('HDEL', P, path)
   end
-  if bytes_less(acked, tail) then
+  -- (a stream linked before its first byte, still empty, has nothing pending)
+  if bytes_less(acked, tail) and not (acked == '-1' and tail == ZERO) then
     local seen = redis.call('HGET', P, path)
     if not seen or bytes_less(seen, tail) then redis.call('HSET', P, path, tail) end
   end

@@ -27,10 +27,13 @@ for i = 6, #ARGV, 3 do
   end
 end
 for i = 6, #ARGV, 3 do set_acked(ARGV[i], ARGV[i + 1]) end
+if mode == 'callback' then  -- the receiver has the wake: no retry is due
+  redis.call('HSET', S, 'status', 'active', 'attempts', '0', 'next_at', '0')
+end
 if mode == 'release' or ARGV[4] == '1' then
   return {'ok', end_wake(now, ARGV[5]) and '1' or '0'}
 end
 local lease_until = now + tonumber(sget('ttl'))
 redis.call('HSET', S, 'lease_until', lease_until)
-if sget('delivered') == '1' or sget('holder') ~= '' then redis.call('ZADD', DUE, lease_until, sget('id')) end
+if sget('delivered') == '1' or sget('holder') ~= '' then schedule(lease_until) end
 return {'ok', '0'}

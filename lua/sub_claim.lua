@@ -16,15 +16,18 @@ if sget('holder') ~= '' then return {'busy', sget('holder'), sget('gen')} end
 if sget('wake') == '' and not begin_wake(now, ARGV[2]) then return {'idle'} end
 -- The claim covers everything pending now, not only the wake's first snapshot.
 local pend = redis.call('HGETALL', P)
-if #pend == 0 then return {'idle'} end
+if #pend == 0 then  -- its streams were acked or unlinked since: the wake ends
+  end_wake(now, ARGV[2])
+  return {'idle'}
+end
 local snap, out = {}, {}
 for i = 1, #pend, 2 do
   local path, tail = pend[i], pend[i + 1]
-  snap[#snap + 1] = path .. '\t' .. tail
-  local types, acked = link_parts(redis.call('HGET', L, path) or 'g|-1|')
+  local types, acked, inc = link_parts(redis.call('HGET', L, path) or 'g|-1|')
+  snap[#snap + 1] = path .. '\t' .. tail .. '\t' .. inc
   out[#out + 1] = path; out[#out + 1] = types; out[#out + 1] = acked; out[#out + 1] = tail
 end
 local ttl = tonumber(sget('ttl'))
 redis.call('HSET', S, 'holder', ARGV[1], 'lease_until', now + ttl, 'emit', '0', 'snap', table.concat(snap, '\n'))
-redis.call('ZADD', DUE, now + ttl, sget('id'))
+schedule(now + ttl)
 return {'claimed', sget('gen'), sget('wake'), sget('ttl'), out}

@@ -16,5 +16,5 @@ redis.call('HSET', S, 'id', id, 'cfg', ARGV[2], 'hash', ARGV[3], 'created_at', A
   'attempts', '0', 'next_at', '0', 'delivered', '0', 'dtoken', '', 'emit', '0', 'backfill', ARGV[7],
   'base', ARGV[8], 'created_ms', now)
 for i = 9, #ARGV, 3 do redis.call('HSET', L, ARGV[i], link_value('e', ARGV[i + 1], ARGV[i + 2])) end
-if ARGV[7] == '1' then redis.call('ZADD', DUE, now, id) end
+if ARGV[7] == '1' then schedule(now) end
 return {'created'}

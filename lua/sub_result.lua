@@ -8,35 +8,36 @@
 --   worker's token, 3 generation, 4 wake id, 5 retry delay ms, 6 a fresh wake id.
 -- Returns {'ok', '1' if a new wake began | '0'} | {'fenced'}.
 local what, token, gen, wake = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-if redis.call('EXISTS', S) == 0 or sget('dtoken') ~= token then return {'fenced'} end
+if redis.call('EXISTS', S) == 0 then return {'fenced'} end
 local now = now_ms()
-local id = sget('id')
 if what == 'backfilled' then
-  redis.call('HSET', S, 'backfill', '0', 'dtoken', '')
-  redis.call('ZADD', DUE, now, id)
+  if sget('bftoken') ~= token then return {'fenced'} end
+  redis.call('HSET', S, 'backfill', '0', 'bftoken', '', 'bf_until', '0')
+  schedule(now)  -- the next step puts the schedule right
   return {'ok', '0'}
 end
-if sget('gen') ~= gen or sget('wake') ~= wake then return {'fenced'} end
+if sget('dtoken') ~= token or sget('gen') ~= gen or sget('wake') ~= wake then return {'fenced'} end
 if what == 'failed' then
   local next_at = now + tonumber(ARGV[5])
-  redis.call('HSET', S, 'status', 'failed', 'next_at', next_at, 'dtoken', '')
+  redis.call('HSET', S, 'status', 'failed', 'next_at', next_at, 'dtoken', '', 'd_until', '0')
   redis.call('HINCRBY', S, 'attempts', 1)
-  redis.call('ZADD', DUE, next_at, id)
+  schedule(next_at)
   return {'ok', '0'}
 end
-redis.call('HSET', S, 'status', 'active', 'attempts', '0', 'next_at', '0', 'dtoken', '')
+redis.call('HSET', S, 'status', 'active', 'attempts', '0', 'next_at', '0', 'dtoken', '', 'd_until', '0')
 if what == 'done' then
-  for line in string.gmatch(sget('snap') or '', '[^\n]+') do
-    local path, tail = string.match(line, '^(.*)\t(.*)$')
-    if redis.call('HEXISTS', L, path) == 1 then set_acked(path, tail) end
+  for _, line in ipairs(snapshot_lines()) do
+    local value = redis.call('HGET', L, line[1])
+    -- (not a tail of the stream's previous incarnation onto a stream made anew)
+    if value and select(3, link_parts(value)) == line[3] then set_acked(line[1], line[2]) end
   end
   return {'ok', end_wake(now, ARGV[6]) and '1' or '0'}
 end
 if what == 'accepted' then
   redis.call('HSET', S, 'delivered', '1')
-  redis.call('ZADD', DUE, sget('lease_until'), id)
-else  -- emitted: the claim comes next
+  schedule(tonumber(sget('lease_until')))
+else  -- emitted: a claim comes next (or came already: its lease is scheduled)
   redis.call('HSET', S, 'emit', '0')
-  redis.call('ZREM', DUE, id)
+  if sget('holder') ~= '' then schedule(tonumber(sget('lease_until'))) else schedule(nil) end
 end
 return {'ok', '0'}

@@ -2,14 +2,15 @@
 -- does now. Expired leases are cleared first (a new wake if work is pending).
 -- KEYS: the subscription's (_subs.lua).
 -- ARGV: 1 id, 2 a fresh wake id, 3 the worker's fresh token (fencing between workers),
---   4 how long the worker holds it (ms) while it delivers, 5 while it backfills.
+--   4 how long the worker holds a delivery (ms), 5 how long it holds a backfill.
 -- Returns one of
 --   {'gone'} | {'idle'} | {'wait'}            nothing to do now
---   {'backfill', cfg}                         link the pattern's existing streams, then sub_result 'backfilled'
+--   {'backfill', cfg}                         link the pattern's existing streams, then sub_result
+--                                             'backfilled' (the wake is looked at in the next step)
 --   {'deliver', gen, wake, cfg, attempts, streams, base}   POST the webhook, then sub_result
 --   {'emit', gen, wake, cfg, streams}         write pull-wake events, then sub_result
 -- streams: flat {path, types, acked, tail, ...} of the wake's snapshot.
-local id, token, hold = ARGV[1], ARGV[3], tonumber(ARGV[4])
+local id, token, hold, backfill_hold = ARGV[1], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
 if redis.call('EXISTS', S) == 0 then
   redis.call('ZREM', DUE, id)
   return {'gone'}
@@ -19,41 +20,44 @@ expire_lease(now, ARGV[2])
 
 local function snapshot()
   local out = {}
-  for line in string.gmatch(sget('snap') or '', '[^\n]+') do
-    local path, tail = string.match(line, '^(.*)\t(.*)$')
-    local value = redis.call('HGET', L, path)
+  for _, line in ipairs(snapshot_lines()) do
+    local value = redis.call('HGET', L, line[1])
     if value then
       local types, acked = link_parts(value)
-      out[#out + 1] = path; out[#out + 1] = types; out[#out + 1] = acked; out[#out + 1] = tail
+      out[#out + 1] = line[1]; out[#out + 1] = types; out[#out + 1] = acked; out[#out + 1] = line[2]
     end
   end
   return out
 end
 
-local function hold_for_worker(ms)
-  redis.call('HSET', S, 'dtoken', token)
-  redis.call('ZADD', DUE, now + (ms or hold), id)
+local function hold_for_worker()
+  redis.call('HSET', S, 'dtoken', token, 'd_until', now + hold)
+  schedule(now + hold)
 end
 
-if sget('backfill') == '1' then
-  hold_for_worker(tonumber(ARGV[5]))
+-- A backfill no live worker holds: handed out with its own token and hold, beside
+-- (never in the way of) the wakes.
+if sget('backfill') == '1' and tonumber(sget('bf_until') or '0') <= now then
+  redis.call('HSET', S, 'bftoken', token, 'bf_until', now + backfill_hold)
+  schedule(now)
   return {'backfill', sget('cfg')}
 end
-if sget('wake') == '' then
-  if not begin_wake(now, ARGV[2]) then
-    redis.call('ZREM', DUE, id)
-    return {'idle'}
-  end
+-- A delivery still out, within its worker's hold: its report decides.
+local d_until = tonumber(sget('d_until') or '0')
+if sget('dtoken') ~= '' and d_until > now then
+  schedule(d_until)
+  return {'wait'}
 end
+if sget('wake') == '' and not begin_wake(now, ARGV[2]) then return {'idle'} end
 local next_at = tonumber(sget('next_at') or '0')
+local lease_until = tonumber(sget('lease_until'))
 if sget('type') == 'webhook' then
-  local lease_until = tonumber(sget('lease_until'))
   if sget('delivered') == '1' then  -- the receiver has it: its callbacks keep the lease
-    redis.call('ZADD', DUE, lease_until, id)
+    schedule(lease_until)
     return {'wait'}
   end
   if next_at > now then
-    redis.call('ZADD', DUE, next_at, id)
+    schedule(next_at)
     return {'wait'}
   end
   -- The lease starts as the wake goes out (and again with each retry).
@@ -63,16 +67,15 @@ if sget('type') == 'webhook' then
 end
 if sget('emit') == '1' then
   if next_at > now then
-    redis.call('ZADD', DUE, next_at, id)
+    schedule(next_at)
     return {'wait'}
   end
   hold_for_worker()
   return {'emit', sget('gen'), sget('wake'), sget('cfg'), snapshot()}
 end
-local lease_until = tonumber(sget('lease_until'))
 if sget('holder') ~= '' and lease_until > now then
-  redis.call('ZADD', DUE, lease_until, id)
+  schedule(lease_until)
   return {'wait'}
 end
-redis.call('ZREM', DUE, id)  -- a wake event is out: a claim comes next
+schedule(nil)  -- a wake event is out: a claim comes next
 return {'idle'}

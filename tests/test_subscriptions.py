@@ -478,9 +478,12 @@ async def test_pull_wake_claim_ack_release_and_lease_expiry(
     status, again = await post(http, claim_url, {"worker": "w2"})
     assert status == 200 and again["generation"] > claimed["generation"]
     tail = again["streams"][0]["tail_offset"]
-    assert await post(
-        http, ack_url, {"wake_id": again["wake_id"], "generation": again["generation"], "acks": [{"stream": f"{prefix}/a", "offset": tail}], "done": True}, again["token"]
-    ) == (200, {"ok": True, "next_wake": False})  # fmt: skip
+    done = {"wake_id": again["wake_id"], "generation": again["generation"], "done": True}
+    acks = [{"stream": f"{prefix}/a", "offset": tail}]
+    assert await post(http, ack_url, {**done, "acks": acks}, again["token"]) == (
+        200,
+        {"ok": True, "next_wake": False},
+    )
     # Release with work pending writes another wake event.
     await append(http, f"{base}/{prefix}/a", {"n": 1})
     status, third = await post(http, claim_url, {"worker": "w1"})
@@ -543,3 +546,131 @@ async def test_deleted_streams_leave_glob_links_keep_explicit(
         async with http.delete(f"{base}/{prefix}/{name}") as response:
             assert response.status == 204
     await eventually(lambda: _equals(paths, {f"{prefix}/e"}))
+
+
+# -- regressions found in review ----------------------------------------------------------
+
+
+async def test_pull_wake_whose_pending_stream_went_still_wakes_again(
+    http: aiohttp.ClientSession, base: str, worker: subprocess.Popen[bytes]
+) -> None:
+    """A wake event out, its only stream deleted before any claim: the claim finds nothing
+    pending and the wake ends, so later appends wake the subscription again."""
+    sub, prefix = _uid("wedge"), _uid("wedge")
+    await create_stream(http, f"{base}/{prefix}-wake", [])
+    await put_sub(http, base, sub, type="pull-wake", pattern=f"{prefix}/*", wake_stream=f"{prefix}-wake")
+
+    async def events() -> list[dict[str, Any]]:
+        async with http.get(f"{base}/{prefix}-wake") as response:
+            return [e for e in await response.json() if e["subscription_id"] == sub]
+
+    await create_stream(http, f"{base}/{prefix}/a", {"n": 0})
+    await eventually(lambda: _count(events, 1))
+    async with http.delete(f"{base}/{prefix}/a") as response:
+        assert response.status == 204
+    await eventually(lambda: _equals(lambda: _paths(http, base, sub), set()))
+    status, body = await post(http, f"{base}/__ds/subscriptions/{sub}/claim", {"worker": "w"})
+    assert (status, body["error"]["code"]) == (409, "NO_PENDING_WORK")
+    await create_stream(http, f"{base}/{prefix}/b", {"n": 1})
+    (_, second) = await eventually(lambda: _at_least(events, 2))
+    assert second["stream"] == f"{prefix}/b"
+
+
+async def _paths(http: aiohttp.ClientSession, base: str, sub: str) -> set[str]:
+    return {s["path"] for s in (await get_sub(http, base, sub))["streams"]}
+
+
+async def _at_least(get: Any, n: int) -> Any:
+    found = await get()
+    return found if len(found) >= n else None
+
+
+async def test_a_subscription_made_anew_gets_its_streams_again(
+    http: aiohttp.ClientSession, base: str, worker: subprocess.Popen[bytes]
+) -> None:
+    """The streams' side still names the deleted subscription: the new one is linked anyway."""
+    async with receiver(finish) as box:
+        sub, prefix = _uid("again"), _uid("again")
+        url = f"{base}/{prefix}/s"
+        await create_stream(http, url, {"n": 0})
+        config = {"type": "webhook", "pattern": f"{prefix}/*", "webhook": {"url": box.url}}
+        await put_sub(http, base, sub, **config)
+        await eventually(lambda: _equals(lambda: _paths(http, base, sub), {f"{prefix}/s"}))
+        async with http.delete(f"{base}/__ds/subscriptions/{sub}") as response:
+            assert response.status == 204
+        status, _ = await put_sub(http, base, sub, **config)
+        assert status == 201
+        await eventually(lambda: _equals(lambda: _paths(http, base, sub), {f"{prefix}/s"}))
+        tail = await append(http, url, {"n": 1})
+        (delivery,) = await box.wait_for(1)
+        assert delivery.body["streams"][0]["tail_offset"] == tail
+
+
+async def test_a_soft_deleted_stream_leaves_the_outbox(
+    http: aiohttp.ClientSession, base: str, redis: Any, worker: subprocess.Popen[bytes]
+) -> None:
+    """A stream kept (soft-deleted) for its forks is gone for its subscribers: its outbox
+    entry goes, not taken again and again."""
+    sub, prefix = _uid("soft"), _uid("soft")
+    source = f"{prefix}/src"
+    await create_stream(http, f"{base}/{source}", {"n": 0})
+    await put_sub(
+        http, base, sub, type="webhook", streams=[source], webhook={"url": "https://93.184.215.14/h"}
+    )
+    async with http.put(
+        f"{base}/{prefix}-fork", headers={**JSON, "Stream-Forked-From": f"/v1/stream/{source}"}
+    ) as response:
+        assert response.status == 201, await response.text()
+    async with http.delete(f"{base}/{source}") as response:
+        assert response.status == 204
+    sid = keys.stream_id(source)
+
+    async def left() -> bool:
+        return await redis.zscore(keys.SUBS_OUTBOX, sid) is None
+
+    await eventually(left)
+    await asyncio.sleep(0.3)
+    assert await left()
+
+
+async def test_streams_subscriptions_cannot_name_are_not_linked(
+    http: aiohttp.ClientSession, base: str, worker: subprocess.Popen[bytes]
+) -> None:
+    sub, prefix = _uid("odd"), _uid("odd")
+    await put_sub(
+        http, base, sub, type="webhook", pattern=f"{prefix}/*", webhook={"url": "https://93.184.215.14/h"}
+    )
+    async with http.put(f"{base}/{prefix}/x/", headers=JSON) as response:  # "x/" would be acked as "x"
+        assert response.status == 201
+    await create_stream(http, f"{base}/{prefix}/y")
+    await eventually(lambda: _equals(lambda: _paths(http, base, sub), {f"{prefix}/y"}))
+
+
+async def test_stream_names_beginning_with_the_reserved_letters_are_streams(
+    http: aiohttp.ClientSession, base: str
+) -> None:
+    await create_stream(http, f"{base}/__dsx-{uuid.uuid4().hex[:6]}")
+
+
+async def test_a_bad_host_is_a_bad_request(http: aiohttp.ClientSession, base: str) -> None:
+    config = {"type": "webhook", "pattern": "a/*", "webhook": {"url": "https://93.184.215.14/h"}}
+    async with http.put(
+        f"{base}/__ds/subscriptions/{_uid('h')}", json=config, headers={"Host": "localhost:99999"}
+    ) as r:
+        assert r.status == 400
+
+
+async def test_an_empty_new_stream_wakes_nobody(
+    http: aiohttp.ClientSession, base: str, worker: subprocess.Popen[bytes]
+) -> None:
+    async with receiver(finish) as box:
+        sub, prefix = _uid("empty"), _uid("empty")
+        await put_sub(http, base, sub, type="webhook", pattern=f"{prefix}/*", webhook={"url": box.url})
+        await asyncio.sleep(0.2)
+        await create_stream(http, f"{base}/{prefix}/e")
+        await eventually(lambda: _equals(lambda: _paths(http, base, sub), {f"{prefix}/e"}))
+        await asyncio.sleep(0.5)
+        assert box.received == []
+        tail = await append(http, f"{base}/{prefix}/e", {"n": 1})
+        (delivery,) = await box.wait_for(1)
+        assert delivery.body["streams"][0]["tail_offset"] == tail

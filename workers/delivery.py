@@ -61,11 +61,11 @@ from gateway.protocol import offsets, ssrf
 from gateway.protocol.errors import ProtocolError
 from gateway.protocol.models import text
 from gateway.protocol.subscriptions import (
-    BEFORE_FIRST,
     PatternIndex,
     SubscriptionConfig,
     issue_token,
     new_wake_id,
+    normalize_path,
     retry_delay_ms,
 )
 from gateway.protocol.webhooks import SigningKey, signature_header
@@ -75,7 +75,7 @@ from gateway.storage.outcomes import UNAVAILABLE
 from gateway.storage.preflight import Preflight
 from gateway.storage.scripts import Scripts, connect_scripts, replica_ack
 from gateway.storage.store import Store
-from gateway.storage.subscriptions import TOKEN_TTL_MS, flat_pairs, wake_streams
+from gateway.storage.subscriptions import ALIVE_REFRESH_SECONDS, TOKEN_TTL_MS, flat_pairs, wake_streams
 from gateway.telemetry import metrics
 from gateway.telemetry.logs import RateLimited
 
@@ -187,7 +187,8 @@ class Delivery:
     # -- the loops ----------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
-        connector = aiohttp.TCPConnector(resolver=CheckedResolver(self.policy), limit=0, ttl_dns_cache=None)
+        # No DNS cache: every delivery resolves (and checks) its host anew.
+        connector = aiohttp.TCPConnector(resolver=CheckedResolver(self.policy), limit=0, use_dns_cache=False)
         self.session = aiohttp.ClientSession(
             connector=connector,
             headers={"User-Agent": f"durable-streams-redis/{__version__} (webhooks)"},
@@ -197,8 +198,8 @@ class Delivery:
             asyncio.create_task(self._announce(stop)),
             asyncio.create_task(self._listen(stop)),
             asyncio.create_task(self._sweep(stop)),
-            asyncio.create_task(self._catch_up()),
         ]
+        self._spawn_free(self._catch_up())
         try:
             await self._work(stop)
         finally:
@@ -240,24 +241,38 @@ class Delivery:
 
     async def work_once(self) -> None:
         """One pass: the outboxes known to have entries, then every schedule."""
-        await self.refresh_index()
         for key in list(self.dirty):
-            taken = await self.drain_outbox(key)
-            if taken < BATCH and self.cluster:
+            await self.refresh_index()  # new streams are matched against the patterns as of now
+            taken, again = await self.drain_outbox(key)
+            if taken >= BATCH or again:
+                self.wake.set()  # more there (or a tail moved while it was handled): come back at once
+            elif self.cluster:
                 self.dirty.discard(key)
-            elif taken >= BATCH:
-                self.wake.set()  # more there: come back at once
         due = 0
         for key in keys.due_keys(self.cluster):
             due += await self.drain_due(key)
         metrics.SUBSCRIPTIONS_DUE.set(due)
 
     async def _announce(self, stop: asyncio.Event) -> None:
-        """Keep ``keys.SUBS_WORKER_ALIVE`` set: gateways record new streams while it is."""
+        """Keep ``keys.SUBS_WORKER_ALIVE`` set: gateways record new streams while it is. Found
+        lapsed (every worker away from Redis that long), the streams made meanwhile are in no
+        outbox: the catch-up runs again."""
+        first = True
         while not stop.is_set():
             with contextlib.suppress(Exception):
-                await self.scripts.redis.set(keys.SUBS_WORKER_ALIVE, self.name, px=ALIVE_MS)
+                before = await self.scripts.redis.set(
+                    keys.SUBS_WORKER_ALIVE, self.name, px=ALIVE_MS, get=True
+                )
+                if before is None and not first:
+                    self._spawn_free(self._catch_up())
+                first = False
             await asyncio.sleep(ALIVE_MS / 3000)
+
+    def _spawn_free(self, work: Coroutine[Any, Any, None]) -> None:
+        """Work beside the deliveries (backfills, catch-ups): not in a delivery slot."""
+        task = asyncio.create_task(work)
+        self.backfills.add(task)
+        task.add_done_callback(self.backfills.discard)
 
     async def _listen(self, stop: asyncio.Event) -> None:
         """The wake channel: outbox names, as appends record their first entry. On Redis
@@ -325,37 +340,39 @@ class Delivery:
 
     # -- outboxes -------------------------------------------------------------------
 
-    async def drain_outbox(self, key: str) -> int:
+    async def drain_outbox(self, key: str) -> tuple[int, bool]:
+        """(entries taken, whether one is due again at once: its tail moved meanwhile)."""
         taken = await self.scripts.run("outbox_take", [key], [BATCH, HOLD_MS])
         entries = [(text(taken[i]), int(float(taken[i + 1]))) for i in range(0, len(taken), 2)]
-        if entries:
-            await asyncio.gather(*(self._stream(key, sid, recorded) for sid, recorded in entries))
-        return len(entries)
+        done = await asyncio.gather(*(self._stream(key, sid, recorded) for sid, recorded in entries))
+        return len(entries), not all(done)
 
-    async def _stream(self, outbox: str, sid: str, recorded: int) -> None:
+    async def _stream(self, outbox: str, sid: str, recorded: int) -> bool:
         """Tell a stream's subscriptions its tail (linking it to the patterns it matches
-        first, if it is new), then let its outbox entry go."""
+        first, if it is new), then let its outbox entry go; False if it stays (moved)."""
         meta, links_key = keys.stream_keys(sid)[0], keys.stream_subs(sid)
         try:
             state, tail, inc, flat = await self.scripts.run("stream_subs", [meta, links_key], [])
             state, tail, inc = text(state), text(tail), text(inc)
             if state == "ok":
-                await self._tell(sid, links_key, offsets.encode(int(tail)), inc, flat_pairs(flat))
+                await self._tell(sid, links_key, tail, inc, flat_pairs(flat))
             else:
                 await self._forget(sid, links_key, flat_pairs(flat))
-            await self.scripts.run("outbox_done", [outbox, meta], [sid, tail])
+            left = await self.scripts.run("outbox_done", [outbox, meta], [sid, tail if state == "ok" else ""])
             metrics.WAKE_LAG.observe(max(0.0, (now_ms() - recorded) / 1000))
+            return bool(left)
         except Exception as exc:  # left to the hold's expiry: taken again
             if isinstance(exc, UNAVAILABLE):
                 raise
             limited.log(logging.ERROR, "outbox", "telling the subscriptions of a stream failed", exc_info=exc)
+            return True
 
-    async def _tell(self, sid: str, links_key: str, tail: str, inc: str, links: dict[str, str]) -> None:
-        path = keys.path_of(sid)
+    async def _tell(self, sid: str, links_key: str, position: str, inc: str, links: dict[str, str]) -> None:
+        path, tail = keys.path_of(sid), offsets.encode(int(position))
         matched = links.pop("_inc", "")
-        if matched != inc:  # a stream new to the patterns: linked before its first byte
+        if matched != inc and linkable(path):  # a stream new to the patterns
             new = [s for s in self.index.match(path) if s not in links]
-            added = await self._link(path, new, BEFORE_FIRST, inc)
+            added = await self._link(path, new, tail, inc)
             await self.scripts.run("stream_link", [links_key], [inc, *_pairs(added, "1")])
             links.update(dict.fromkeys(added, "1"))
         gone = []
@@ -379,13 +396,17 @@ class Delivery:
         if gone:
             await self.scripts.run("stream_link", [links_key], ["", *_pairs(gone, "")])
 
-    async def _link(self, path: str, subs: list[str], acked: str, inc: str) -> list[str]:
-        """Glob links on the subscriptions' side; those that exist."""
+    async def _link(self, path: str, subs: list[str], tail: str, inc: str) -> list[str]:
+        """Glob links on the subscriptions' side (before the first byte if the stream was
+        made after the subscription, else at ``tail``: sub_links.lua); those that exist.
+        A subscription that does not is dropped from the index (deleted meanwhile)."""
         added = []
         for sub in subs:
-            result = await self.subs.call("sub_links", sub, "add", "g", path, acked, inc)
+            result = await self.subs.call("sub_links", sub, "add", "g", path, tail, inc)
             if result[0] == "ok":
                 added.append(sub)
+            elif sub in self._patterns:
+                await self.subs.set_pattern(sub, None)
         return added
 
     # -- schedules -------------------------------------------------------------------
@@ -423,14 +444,15 @@ class Delivery:
             )
         elif action == "backfill":  # waits for a pass over the keyspace: not in a delivery slot
             config = SubscriptionConfig.from_json(result[1].encode())
-            task = asyncio.create_task(self._guarded_backfill(sub, token, config))
-            self.backfills.add(task)
-            task.add_done_callback(self.backfills.discard)
+            self._spawn_free(self._guarded_backfill(sub, token, config))
+            self.wake.set()  # its wake, if any, is looked at in the next step
 
     async def _guarded_backfill(self, sub: str, token: str, config: SubscriptionConfig) -> None:
         try:
             await self.backfill(sub, config)
-            await self.subs.call("sub_result", sub, "backfilled", token, "", "", 0, new_wake_id())
+            result = await self.subs.call("sub_result", sub, "backfilled", token, "", "", 0, new_wake_id())
+            if result[0] == "fenced" and await self.subs.get(sub) is None:  # deleted meanwhile
+                await self.subs.set_pattern(sub, None)
         except Exception as exc:  # left to the hold's expiry: another pass
             limited.log(logging.ERROR, "backfill", "linking a pattern's streams failed", exc_info=exc)
 
@@ -545,7 +567,8 @@ class Delivery:
         state = await self.scripts.redis.hget(keys.sub_keys(sub, self.cluster)[0], "created_ms")
         if state is None:
             return
-        done = asyncio.get_running_loop().create_future()
+        waiting = self._waiting.get(sub)
+        done = waiting[2] if waiting else asyncio.get_running_loop().create_future()
         self._waiting[sub] = (config.pattern, int(text(state)), done)
         if self._pass is None or self._pass.done():
             self._pass = asyncio.create_task(self._passes())
@@ -555,6 +578,9 @@ class Delivery:
         """Passes over the keyspace while backfills wait: 10,000 new pattern subscriptions
         cost a few passes, not 10,000."""
         while self._waiting:
+            # Gateways learn within ALIVE_REFRESH_SECONDS that new streams are to be recorded;
+            # a stream made before they did is in no outbox, so the pass starts after that.
+            await asyncio.sleep(ALIVE_REFRESH_SECONDS + 0.5)
             batch, self._waiting = self._waiting, {}
             try:
                 await self._backfill({sub: (pattern, made) for sub, (pattern, made, _) in batch.items()})
@@ -571,6 +597,7 @@ class Delivery:
         """At start: every pattern subscription's streams (a stream created while no
         worker ran is in no outbox)."""
         try:
+            await asyncio.sleep(ALIVE_REFRESH_SECONDS + 0.5)  # see _passes
             await self.refresh_index(force=True)
             wanted = {}
             for sub, pattern in self._patterns.items():
@@ -597,29 +624,39 @@ class Delivery:
                 for key in found:
                     sid = keys.key_stream_id(text(key))
                     path = keys.path_of(sid)
-                    subs = index.match(path)
+                    subs = index.match(path) if linkable(path) else []
                     if subs:
-                        await self._backfill_stream(sid, path, subs, wanted)
+                        await self._backfill_stream(sid, path, subs)
                 self.heartbeat.beat()
                 if not cursor:
                     break
 
-    async def _backfill_stream(
-        self, sid: str, path: str, subs: list[str], wanted: dict[str, tuple[str, int]]
-    ) -> None:
+    async def _backfill_stream(self, sid: str, path: str, subs: list[str]) -> None:
+        """Link one stream to ``subs`` (idempotent: an existing link keeps its cursor; the
+        stream's side may name a deleted subscription of the same id), then tell them its
+        tail read after the link exists (an append between is then recorded or seen)."""
         meta, links_key = keys.stream_keys(sid)[0], keys.stream_subs(sid)
-        state, tail, inc, flat = await self.scripts.run("stream_subs", [meta, links_key], [])
+        state, tail, inc, _ = await self.scripts.run("stream_subs", [meta, links_key], [])
         if text(state) != "ok":
             return
-        tail, inc = offsets.encode(int(text(tail))), text(inc)
-        linked = flat_pairs(flat)
-        for sub in subs:
-            if sub in linked:
-                continue
-            acked = BEFORE_FIRST if int(inc) > wanted[sub][1] else tail
-            if await self._link(path, [sub], acked, inc):
-                await self.scripts.run("stream_link", [links_key], ["", sub, "1"])
-                await self.subs.call("sub_note", sub, new_wake_id(), path, tail, inc)
+        added = await self._link(path, subs, offsets.encode(int(text(tail))), text(inc))
+        if not added:
+            return
+        await self.scripts.run("stream_link", [links_key], ["", *_pairs(added, "1")])
+        state, tail, inc, _ = await self.scripts.run("stream_subs", [meta, links_key], [])
+        if text(state) == "ok":
+            tail = offsets.encode(int(text(tail)))
+            for sub in added:
+                await self.subs.call("sub_note", sub, new_wake_id(), path, tail, text(inc))
+
+
+def linkable(path: str) -> bool:
+    """Whether a stream path is one subscriptions can name (acks normalize paths: a
+    stream called ``a/`` or ``a//b`` would be acked as another, or not at all)."""
+    try:
+        return normalize_path(path) == path
+    except ProtocolError:
+        return False
 
 
 def _pairs(subs: list[str], value: str) -> list[str]:

@@ -96,7 +96,7 @@ def _entries(request: web.Request, media: str, body: bytes, *, create: bool) -> 
 _HOST = re.compile(r"\A(?:[A-Za-z0-9._~-]+|\[[0-9A-Fa-f:.]+\])(?::([0-9]{1,5}))?\Z")
 
 
-def _public_url(request: web.Request, path: str | None = None) -> str:
+def public_url(request: web.Request, path: str | None = None) -> str:
     """A stream's URL (the request's, or ``path``'s): from --public-url when set, so no
     client-chosen Host header ever reaches a Location; else from the Host header,
     checked before anything is stored (``example.com:99999``, ``[::1`` are bad requests)."""
@@ -118,7 +118,7 @@ def _public_url(request: web.Request, path: str | None = None) -> str:
 async def put_stream(request: web.Request) -> web.Response:
     gw = gateway_of(request)
     sid = _sid(request)
-    location = _public_url(request)
+    location = public_url(request)
     h = request.headers
     expiry = parse_expiry(h)
     fork_from, fork_offset, sub = (
@@ -271,6 +271,6 @@ async def sign_url(request: web.Request) -> web.Response:
     if principal.expires_at is not None:
         expires = min(expires, int(principal.expires_at))
     query = access.sign(key, scope, path, expires, principal.id)
-    url = _public_url(request, path) + "?" + urlencode(query)
+    url = public_url(request, path) + "?" + urlencode(query)
     payload = {"url": url, "query": query, "expires_at": expires, "scope": scope}
     return web.Response(body=orjson.dumps(payload), content_type="application/json")

@@ -15,9 +15,9 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
+import weakref
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import unquote
 
 from aiohttp import web
 
@@ -40,6 +40,7 @@ from ..storage.subscriptions import TOKEN_TTL_MS, Link, Subscriptions, not_found
 from .bodies import read_body
 from .context import gateway_of
 from .guard import principal_of
+from .handlers import public_url
 
 RESERVED = "__ds"
 JWKS_PATH = f"{RESERVED}/jwks.json"
@@ -52,7 +53,7 @@ def _subs(request: web.Request) -> Subscriptions:
 
 
 def _id(request: web.Request) -> str:
-    return validate_id(unquote(request.match_info["id"]))
+    return validate_id(request.match_info["id"])  # aiohttp has decoded it
 
 
 def control_path(sub: str) -> str:
@@ -65,12 +66,9 @@ async def _admit(request: web.Request, sub: str, scope: access.Scope) -> None:
 
 
 def stream_root(request: web.Request) -> str:
-    """The stream root URL clients reach this server by (--public-url when set)."""
-    settings = gateway_of(request).settings
-    prefix = settings.prefix.rstrip("/")
-    if settings.public_url:
-        return settings.public_url.rstrip("/") + prefix
-    return str(request.url.with_path(prefix).with_query(None))
+    """The stream root URL clients reach this server by (--public-url when set, else the
+    request's checked Host): callback URLs are built on it."""
+    return public_url(request, "").rstrip("/")
 
 
 async def _body(request: web.Request) -> bytes:
@@ -83,15 +81,21 @@ def _now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+# Lookups in flight at once, per event loop: getaddrinfo runs in the default thread pool,
+# which cold (archive) reads use too, and a timed-out lookup's thread runs on.
+_LOOKUPS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore]
+_LOOKUPS = weakref.WeakKeyDictionary()
+
+
 async def check_webhook_target(url: str, policy: ssrf.TargetPolicy) -> None:
     """Spec 6.2, 12.8: the URL's form, then every address its host resolves to now (the
     worker checks again at each delivery: DNS answers change)."""
     host, port = ssrf.check_url(url, policy)
     loop = asyncio.get_running_loop()
     try:
-        found = await asyncio.wait_for(
-            loop.getaddrinfo(host, port, type=socket.SOCK_STREAM), DNS_TIMEOUT_SECONDS
-        )
+        async with asyncio.timeout(DNS_TIMEOUT_SECONDS):
+            async with _LOOKUPS.setdefault(loop, asyncio.Semaphore(8)):
+                found = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (OSError, TimeoutError):
         raise coded(400, "WEBHOOK_URL_REJECTED", f"webhook host {host!r} does not resolve") from None
     ssrf.check_addresses(host, [str(info[4][0]) for info in found], policy)
@@ -138,7 +142,10 @@ async def put_subscription(request: web.Request) -> web.Response:
     config = parse_config(await _body(request), gw.settings.subscription_max_streams)
     principal = principal_of(request)
     if config.pattern is not None:
-        access.check(principal, "read", literal_prefix(config.pattern))
+        prefix = literal_prefix(config.pattern)
+        access.check(principal, "read", prefix)
+        if config.pattern.startswith(prefix + "**") and prefix:  # `a/**` also matches the stream `a`
+            access.check(principal, "read", prefix.rstrip("/"))
     for path in config.streams:
         access.check(principal, "read", path)
     if config.wake_stream is not None:
@@ -176,7 +183,7 @@ async def add_streams(request: web.Request) -> web.Response:
 async def remove_stream(request: web.Request) -> web.Response:
     sub = _id(request)
     await _admit(request, sub, "write")
-    path = normalize_path(unquote(request.match_info["path"]))
+    path = normalize_path(request.match_info["path"])
     await _subs(request).remove_stream(sub, path)
     return web.Response(status=204)
 
@@ -258,6 +265,9 @@ async def reserved(request: web.Request) -> web.Response:
     raise coded(404, "NOT_FOUND", "no such control API")
 
 
+_ANY = ("GET", "HEAD", "PUT", "POST", "DELETE")
+
+
 def routes(prefix: str) -> list[tuple[str, str, dict[str, Any]]]:
     """(route name, path, handlers by method), before the streams' route: the reserved
     prefix is routed first (spec 6)."""
@@ -276,5 +286,6 @@ def routes(prefix: str) -> list[tuple[str, str, dict[str, Any]]]:
         ("subscription-claim", f"{one}/claim", {"POST": claim}),
         ("subscription-ack", f"{one}/ack", {"POST": ack}),
         ("subscription-release", f"{one}/release", {"POST": release}),
-        ("reserved", f"{base}{{rest:.*}}", dict.fromkeys(("GET", "HEAD", "PUT", "POST", "DELETE"), reserved)),
+        ("reserved", base, dict.fromkeys(_ANY, reserved)),
+        ("reserved", f"{base}/{{rest:.*}}", dict.fromkeys(_ANY, reserved)),
     ]

@@ -112,12 +112,14 @@ def wake_streams(flat: Sequence[Any]) -> list[dict[str, Any]]:
 
 
 class WorkersAlive:
-    """Whether a delivery worker runs (``keys.SUBS_WORKER_ALIVE``), as a gateway last saw
-    (at most about a second ago): create.lua puts every new stream in the outbox then,
-    for the workers to match against the patterns; with none running it would pile up.
-    A gateway that could not look says yes (an entry too many, never one missed). A
-    stream missed while the flag was stale is linked by the workers' backfill, which
-    visits every stream when a worker starts and when a pattern subscription is made."""
+    """Whether new streams are worth recording, as a gateway last saw (at most about a
+    second ago): a delivery worker runs (``keys.SUBS_WORKER_ALIVE``; with none, the
+    outbox would pile up) and a pattern subscription exists (``keys.SUBS_INDEX``; with
+    none, nothing could match). create.lua then puts every new stream in its outbox, for
+    the workers to match against the patterns. A gateway that could not look says yes
+    (an entry too many, never one missed). A stream missed while the answer was stale is
+    linked by the workers' backfill, which visits every stream when a worker starts and
+    when a pattern subscription is made, after gateways have had time to look again."""
 
     def __init__(self, scripts: Scripts) -> None:
         self.scripts = scripts
@@ -135,9 +137,15 @@ class WorkersAlive:
             return True
         return self._value
 
+    def expect(self) -> None:
+        """A pattern subscription was just made here: record new streams from now on (the
+        other gateways learn within a second; the backfill covers that second)."""
+        self._value = True
+
     async def _look(self) -> None:
-        key = keys.SUBS_WORKER_ALIVE
-        self._value = bool(await self.scripts.command(key, "EXISTS", key))
+        alive = await self.scripts.command(keys.SUBS_WORKER_ALIVE, "EXISTS", keys.SUBS_WORKER_ALIVE)
+        patterns = alive and await self.scripts.command(keys.SUBS_INDEX, "HLEN", keys.SUBS_INDEX)
+        self._value = bool(patterns)
         self._at = time.monotonic()
 
 
@@ -274,9 +282,25 @@ class Subscriptions:
         # Both answers re-assert the streams' side and the index: a PUT retried after a
         # crash between the steps completes them.
         await self._link_streams(sub, {path: "1" for path in config.streams})
+        await self.note_tails(sub, config.streams)
         if config.pattern:
             await self.set_pattern(sub, config.pattern)
+            self.workers.expect()
         return status == "created"
+
+    async def note_tails(self, sub: str, paths: Sequence[str]) -> None:
+        """Tell the subscription its streams' tails read now, after their side of the link
+        exists: an append that came between the first read and the link was recorded by
+        no script, and is seen here."""
+        if not paths:
+            return
+        tails = await stream_tails(self.scripts, paths)
+        triples: list[str] = []
+        for path, tail in tails.items():
+            if tail.inc:
+                triples += [path, tail.tail, tail.inc]
+        if triples:
+            await self.call("sub_note", sub, new_wake_id(), *triples)
 
     async def set_pattern(self, sub: str, pattern: str | None) -> None:
         await self.scripts.run("index_set", [keys.SUBS_INDEX, keys.SUBS_INDEX_VERSION], [sub, pattern or ""])
@@ -316,6 +340,7 @@ class Subscriptions:
         if result[0] == "missing":
             raise not_found(sub)
         await self._link_streams(sub, {path: "1" for path in paths})
+        await self.note_tails(sub, paths)
 
     async def remove_stream(self, sub: str, path: str) -> None:
         result = await self.call("sub_links", sub, "remove", "e", path)
