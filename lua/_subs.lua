@@ -56,8 +56,15 @@ local function begin_wake(now, wake_id)
   local snap = {}
   for i = 1, #pend, 2 do
     local value = redis.call('HGET', L, pend[i])
-    local inc = value and select(3, link_parts(value)) or ''
-    snap[#snap + 1] = pend[i] .. '\t' .. pend[i + 1] .. '\t' .. inc
+    if value then
+      snap[#snap + 1] = pend[i] .. '\t' .. pend[i + 1] .. '\t' .. select(3, link_parts(value))
+    else  -- (not linked any more: nothing to deliver, never a wake of nothing)
+      redis.call('HDEL', P, pend[i])
+    end
+  end
+  if #snap == 0 then
+    schedule(nil)
+    return false
   end
   local gen = redis.call('HINCRBY', S, 'gen', 1)
   redis.call('HSET', S, 'wake', wake_id, 'snap', table.concat(snap, '\n'), 'delivered', '0', 'dtoken', '',
