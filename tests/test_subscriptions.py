@@ -674,3 +674,13 @@ async def test_an_empty_new_stream_wakes_nobody(
         tail = await append(http, f"{base}/{prefix}/e", {"n": 1})
         (delivery,) = await box.wait_for(1)
         assert delivery.body["streams"][0]["tail_offset"] == tail
+
+
+async def test_the_worker_listens_on_the_wake_channel(redis: Any, worker: subprocess.Popen[bytes]) -> None:
+    """Appends announce outbox entries there: without it every wake waits for a poll."""
+
+    async def listening() -> bool:
+        ((_, count),) = await redis.pubsub_numsub(keys.SUBS_WAKE_CHANNEL)
+        return count >= 1
+
+    await eventually(listening)

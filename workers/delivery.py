@@ -139,8 +139,11 @@ def _ms_of(iso: str) -> int:
 
 
 class Delivery:
-    def __init__(self, settings: Settings, scripts: Scripts, store: Store, heartbeat: Heartbeat) -> None:
+    def __init__(
+        self, settings: Settings, scripts: Scripts, store: Store, heartbeat: Heartbeat, redis_url: str
+    ) -> None:
         self.settings = settings
+        self.redis_url = redis_url  # --redis-url, or the embedded Redis found in --data-dir
         self.scripts = scripts
         self.store = store
         self.subs = store.subscriptions
@@ -278,9 +281,8 @@ class Delivery:
         """The wake channel: outbox names, as appends record their first entry. On Redis
         Cluster a PUBLISH reaches every node's subscribers, so one node will do."""
         failures = 0
-        url = self.settings.redis_url or ""
         while not stop.is_set():
-            client = Redis.from_url(url, socket_connect_timeout=5)
+            client = Redis.from_url(self.redis_url, socket_connect_timeout=5)  # connects when used
             try:
                 async with client.pubsub() as pubsub:
                     await pubsub.subscribe(keys.SUBS_WAKE_CHANNEL)
@@ -691,7 +693,7 @@ async def run_worker(settings: Settings, redis_url: str, stop: asyncio.Event) ->
     cold = ColdReader(Archive(settings.archive_location), 16 * 1024 * 1024)
     store = Store(scripts, cold, settings.max_chunk_bytes, settings.notice_payload_bytes)
     store.hints.enabled = False  # the wake stream's archive hints: the gateways' and the reconciliation's
-    delivery = Delivery(settings, scripts, store, heartbeat)
+    delivery = Delivery(settings, scripts, store, heartbeat, redis_url)
     try:
         if not await Preflight(scripts.redis, prepare=scripts.load).wait(stop, heartbeat.beat):
             return
