@@ -933,11 +933,7 @@ def write(document: dict, out: Path) -> None:
         if config.get("worker_redis_url"):
             text += "\nOurs' deliver worker was given --redis-url unix://<data dir>/redis.sock.\n"
         else:
-            text += (
-                "\nOurs' deliver worker found the gateway's embedded Redis by --data-dir, as"
-                " loadtest.servers.worker starts it: its wake channel listener then has no URL, so it"
-                " learns of new work by polling (every 0.1 s); --worker-redis-url to compare.\n"
-            )
+            text += "\nOurs' deliver worker found the gateway's embedded Redis by --data-dir.\n"
     text += (
         f"\nMachine: {config['cores']} cores, busy {config['machine_busy_before_percent']}% before the"
         f" run (of {100 * config['cores']}%); whole run {config['wall_seconds']} s."
@@ -1045,8 +1041,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--worker-redis-url",
         action="store_true",
         help="ours: give the deliver worker --redis-url unix://<data dir>/redis.sock rather than letting it"
-        " find the gateway's embedded Redis by --data-dir (without it, the worker's wake channel listener"
-        " has no URL and the worker learns of new work only by polling, every 0.1 s)",
+        " find the gateway's embedded Redis by --data-dir (the same Redis either way)",
     )
     parser.add_argument("--out", default="loadtest/results/subscriptions")
     parser.add_argument(

@@ -375,7 +375,8 @@ class Delivery:
         if matched != inc and linkable(path):  # a stream new to the patterns
             new = [s for s in self.index.match(path) if s not in links]
             added = await self._link(path, new, tail, inc)
-            await self.scripts.run("stream_link", [links_key], [inc, *_pairs(added, "1")])
+            if added or links:  # (no link at all: no key to keep, stream_link would drop it again)
+                await self.scripts.run("stream_link", [links_key], [inc, *_pairs(added, "1")])
             links.update(dict.fromkeys(added, "1"))
         gone = []
         for sub in links:
