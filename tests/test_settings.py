@@ -48,6 +48,10 @@ CASES = [
     (["archive", "--metrics-port", "99999"], {}, "--metrics-port", "'99999'"),
     (["archive"], {"DURABLE_STREAMS_ARCHIVE_HOT_BYTES": "1MB"}, "--archive-hot-bytes", "'1MB'"),
     (["migrate", "--redis-timeout", "x"], {}, "--redis-timeout", "'x'"),
+    (["serve", "--webhook-allow", "nope/99"], {}, "--webhook-allow", "'nope/99'"),
+    (["deliver"], {"DURABLE_STREAMS_WEBHOOK_ALLOW": "10.0.0.1/8"}, "--webhook-allow", "'10.0.0.1/8'"),
+    (["deliver", "--webhook-concurrency", "0"], {}, "--webhook-concurrency", "'0'"),
+    (["deliver", "--webhook-timeout", "0"], {}, "--webhook-timeout", "'0'"),
 ]
 
 

@@ -18,6 +18,7 @@ from typing import Any
 from gateway import config
 from gateway.cli.embedded import redis_url_or_running
 from gateway.cli.main import install_uvloop
+from gateway.protocol import ssrf
 
 
 def register_archive(commands: argparse._SubParsersAction[Any]) -> None:
@@ -78,9 +79,8 @@ def register_deliver(commands: argparse._SubParsersAction[Any]) -> None:
         "are served there.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    config.add_arguments(
-        parser, config.COMMON + config.DELIVERY + ("webhook_allow", "metrics_port", "redis_timeout")
-    )
+    names = config.COMMON + config.DELIVERY + ("webhook_allow", "metrics_port", "redis_timeout")
+    config.add_arguments(parser, names, {"webhook_allow": ssrf.parse_allow_list})  # a bad list: one line
     parser.set_defaults(run=deliver)
 
 
