@@ -114,6 +114,9 @@ local function observe(path, tail, inc)
   local value = redis.call('HGET', L, path)
   if not value then return nil end
   local types, acked, linc = link_parts(value)
+  -- Only a newer incarnation starts over: a read from before a delete and re-create,
+  -- or of a stream gone (''), must not roll the link back.
+  if inc == '' or (linc ~= '' and tonumber(inc) <= tonumber(linc) and inc ~= linc) then return types end
   if linc ~= inc then
     acked = '-1'
     redis.call('HSET', L, path, link_value(types, acked, inc))

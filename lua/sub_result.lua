@@ -5,13 +5,15 @@
 -- ARGV: 1 what: 'done' (the webhook answered {"done": true}: its snapshot is acked,
 --   spec 7.1) | 'accepted' (2xx: the receiver calls back) | 'failed' (retried after
 --   ARGV 5 ms) | 'emitted' (pull-wake events written) | 'backfilled', 2 the
---   worker's token, 3 generation, 4 wake id, 5 retry delay ms, 6 a fresh wake id.
+--   worker's token, 3 generation (backfilled: the subscription's created_ms the
+--   worker linked for: a backfill is idempotent, so any pass of this subscription
+--   completes it, however long it took), 4 wake id, 5 retry delay ms, 6 a fresh wake id.
 -- Returns {'ok', '1' if a new wake began | '0'} | {'fenced'}.
 local what, token, gen, wake = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 if redis.call('EXISTS', S) == 0 then return {'fenced'} end
 local now = now_ms()
 if what == 'backfilled' then
-  if sget('bftoken') ~= token then return {'fenced'} end
+  if sget('created_ms') ~= gen then return {'fenced'} end
   redis.call('HSET', S, 'backfill', '0', 'bftoken', '', 'bf_until', '0')
   schedule(now)  -- the next step puts the schedule right
   return {'ok', '0'}
@@ -33,9 +35,10 @@ if what == 'done' then
   end
   return {'ok', end_wake(now, ARGV[6]) and '1' or '0'}
 end
-if what == 'accepted' then
-  redis.call('HSET', S, 'delivered', '1')
-  schedule(tonumber(sget('lease_until')))
+if what == 'accepted' then  -- the lease runs from now at least (a slow 2xx is no expired wake)
+  local lease_until = math.max(tonumber(sget('lease_until')), now + tonumber(sget('ttl')))
+  redis.call('HSET', S, 'delivered', '1', 'lease_until', lease_until)
+  schedule(lease_until)
 else  -- emitted: a claim comes next (or came already: its lease is scheduled)
   redis.call('HSET', S, 'emit', '0')
   if sget('holder') ~= '' then schedule(tonumber(sget('lease_until'))) else schedule(nil) end

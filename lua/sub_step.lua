@@ -8,7 +8,7 @@
 --   {'backfill', cfg}                         link the pattern's existing streams, then sub_result
 --                                             'backfilled' (the wake is looked at in the next step)
 --   {'deliver', gen, wake, cfg, attempts, streams, base}   POST the webhook, then sub_result
---   {'emit', gen, wake, cfg, streams}         write pull-wake events, then sub_result
+--   {'emit', gen, wake, cfg, streams, attempts}   write pull-wake events, then sub_result
 -- streams: flat {path, types, acked, tail, ...} of the wake's snapshot.
 local id, token, hold, backfill_hold = ARGV[1], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
 if redis.call('EXISTS', S) == 0 then
@@ -60,18 +60,28 @@ if sget('type') == 'webhook' then
     schedule(next_at)
     return {'wait'}
   end
+  local streams = snapshot()
+  if #streams == 0 then  -- its streams were unlinked meanwhile: never a wake of nothing
+    end_wake(now, ARGV[2])
+    return {'idle'}
+  end
   -- The lease starts as the wake goes out (and again with each retry).
   redis.call('HSET', S, 'lease_until', now + tonumber(sget('ttl')))
   hold_for_worker()
-  return {'deliver', sget('gen'), sget('wake'), sget('cfg'), sget('attempts'), snapshot(), sget('base')}
+  return {'deliver', sget('gen'), sget('wake'), sget('cfg'), sget('attempts'), streams, sget('base')}
 end
 if sget('emit') == '1' then
   if next_at > now then
     schedule(next_at)
     return {'wait'}
   end
+  local streams = snapshot()
+  if #streams == 0 then
+    end_wake(now, ARGV[2])
+    return {'idle'}
+  end
   hold_for_worker()
-  return {'emit', sget('gen'), sget('wake'), sget('cfg'), snapshot()}
+  return {'emit', sget('gen'), sget('wake'), sget('cfg'), streams, sget('attempts')}
 end
 if sget('holder') ~= '' and lease_until > now then
   schedule(lease_until)

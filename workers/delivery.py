@@ -384,7 +384,20 @@ class Delivery:
             if result[0] == "gone" or result[1] == "":
                 gone.append(sub)
         if gone:  # deleted subscriptions, removed links: appends stop recording for them
-            await self.scripts.run("stream_link", [links_key], ["", *_pairs(gone, "")])
+            await self._unlink(links_key, gone, path, tail, inc)
+
+    async def _unlink(self, links_key: str, gone: list[str], path: str, tail: str, inc: str) -> None:
+        """The streams' side of links the subscriptions no longer have; then each is asked
+        again (a subscription made anew, or the stream added back, between the two steps
+        wrote its side first): linked after all, the stream's side is restored."""
+        await self.scripts.run("stream_link", [links_key], ["", *_pairs(gone, "")])
+        back = []
+        for sub in gone:
+            result = await self.subs.call("sub_note", sub, new_wake_id(), path, tail, inc)
+            if result[0] == "ok" and result[1] != "":
+                back.append(sub)
+        if back:
+            await self.scripts.run("stream_link", [links_key], ["", *_pairs(back, "1")])
 
     async def _forget(self, sid: str, links_key: str, links: dict[str, str]) -> None:
         """A deleted stream leaves the patterns' links (explicit ones stay: a stream made
@@ -408,7 +421,7 @@ class Delivery:
             result = await self.subs.call("sub_links", sub, "add", "g", path, tail, inc)
             if result[0] == "ok":
                 added.append(sub)
-            elif sub in self._patterns:
+            elif sub in self._patterns and await self.subs.get(sub) is None:
                 await self.subs.set_pattern(sub, None)
         return added
 
@@ -438,10 +451,10 @@ class Delivery:
             if result[1:] == ["1"]:
                 self.wake.set()
         elif action == "emit":
-            _, gen, wake, cfg, streams = result
+            _, gen, wake, cfg, streams, attempts = result
             config = SubscriptionConfig.from_json(cfg.encode())
             ok = await self.emit(sub, int(gen), config, wake_streams(streams))
-            delay = 0 if ok else retry_delay_ms(1)
+            delay = 0 if ok else retry_delay_ms(int(attempts or 0) + 1)
             await self.subs.call(
                 "sub_result", sub, "emitted" if ok else "failed", token, gen, wake, delay, new_wake_id()
             )
@@ -452,8 +465,10 @@ class Delivery:
 
     async def _guarded_backfill(self, sub: str, token: str, config: SubscriptionConfig) -> None:
         try:
-            await self.backfill(sub, config)
-            result = await self.subs.call("sub_result", sub, "backfilled", token, "", "", 0, new_wake_id())
+            created = await self.backfill(sub, config)
+            result = await self.subs.call(
+                "sub_result", sub, "backfilled", token, created, "", 0, new_wake_id()
+            )
             if result[0] == "fenced" and await self.subs.get(sub) is None:  # deleted meanwhile
                 await self.subs.set_pattern(sub, None)
         except Exception as exc:  # left to the hold's expiry: another pass
@@ -560,22 +575,23 @@ class Delivery:
 
     # -- backfill --------------------------------------------------------------------
 
-    async def backfill(self, sub: str, config: SubscriptionConfig) -> None:
+    async def backfill(self, sub: str, config: SubscriptionConfig) -> str:
         """A pattern subscription's existing streams (spec 6.2), after re-asserting its
         index entry and its explicit links' streams' side (a PUT cut short by a crash)."""
         if config.pattern is None:
-            return
+            return ""
         await self.subs.set_pattern(sub, config.pattern)
         await self.subs.relink_explicit(sub, config.streams)
         state = await self.scripts.redis.hget(keys.sub_keys(sub, self.cluster)[0], "created_ms")
         if state is None:
-            return
+            return ""
         waiting = self._waiting.get(sub)
         done = waiting[2] if waiting else asyncio.get_running_loop().create_future()
         self._waiting[sub] = (config.pattern, int(text(state)), done)
         if self._pass is None or self._pass.done():
             self._pass = asyncio.create_task(self._passes())
         await done
+        return text(state)
 
     async def _passes(self) -> None:
         """Passes over the keyspace while backfills wait: 10,000 new pattern subscriptions

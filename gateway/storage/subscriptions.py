@@ -64,9 +64,11 @@ async def stream_tails(scripts: Scripts, paths: Iterable[str]) -> dict[str, Stre
 
     async def one(path: str) -> StreamTail:
         meta = keys.stream_keys(keys.stream_id(path))[0]
-        tail, created, deleted = await scripts.command(meta, "HMGET", meta, "tail", "created", "deleted")
-        if tail is None or deleted is not None:
-            return StreamTail(ZERO_OFFSET, "")
+        tail, created, deleted, exp = await scripts.command(
+            meta, "HMGET", meta, "tail", "created", "deleted", "exp"
+        )
+        if tail is None or deleted is not None or (exp is not None and int(exp) <= time.time() * 1000):
+            return StreamTail(ZERO_OFFSET, "")  # gone (expired but kept for its forks: gone too)
         return StreamTail(offsets.encode(int(tail)), text(created))
 
     found = await asyncio.gather(*(one(p) for p in unique))
