@@ -27,11 +27,10 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +43,7 @@ from gateway.storage import keys
 
 from .cluster import Cluster
 from .conftest import free_port, serving, wait_ready
-from .webhooks import LOOPBACK, Delivery, deliver_worker, eventually, receiver
+from .webhooks import LOOPBACK, Delivery, command, deliver_worker, eventually, receiver
 
 JSON = {"Content-Type": "application/json"}
 FAST = ("--deliver-poll-seconds", "0.05")
@@ -301,29 +300,12 @@ async def stale_callback_is_fenced(http: aiohttp.ClientSession, base: str, book:
 # -- processes ----------------------------------------------------------------------
 
 
-def _env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("DURABLE_STREAMS_")}
-
-
-@contextlib.contextmanager
-def gateway_process(redis_url: str, port: int, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+def gateway_process(
+    redis_url: str, port: int, log: Path
+) -> contextlib.AbstractContextManager[subprocess.Popen[bytes]]:
     """``durable-streams serve`` as its own process (to SIGKILL), loopback webhooks allowed."""
-    cmd = [sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", str(port),
-           "--redis-url", redis_url, "--webhook-allow", LOOPBACK, "--log-level", "warning"]  # fmt: skip
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(
-            cmd, env=_env(), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
-        )
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    return command("serve", "--host", "127.0.0.1", "--port", str(port), "--redis-url", redis_url,
+                   "--webhook-allow", LOOPBACK, "--log-level", "warning", log=log)  # fmt: skip
 
 
 def signal_worker(procs: dict[str, subprocess.Popen[bytes]], name: str, signum: int) -> None:

@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -98,13 +99,23 @@ async def verified(http: aiohttp.ClientSession, jwks_url: str, delivery: Deliver
     return delivery.signature is not None and verify(delivery.signature, delivery.raw, jwks, int(time.time()))
 
 
+def clean_env() -> dict[str, str]:
+    """The environment without DURABLE_STREAMS_* (a developer's settings must not leak in)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("DURABLE_STREAMS_")}
+
+
 @contextlib.contextmanager
-def deliver_worker(redis_url: str, *extra: str, cluster: bool = False) -> Iterator[subprocess.Popen[bytes]]:
-    """``durable-streams deliver`` as its own process (to kill or pause), loopback allowed."""
-    cmd = [sys.executable, "-m", "gateway", "deliver", "--redis-url", redis_url, "--webhook-allow", LOOPBACK,
-           "--log-level", "warning", *(["--redis-cluster"] if cluster else []), *extra]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DURABLE_STREAMS_")}
-    proc = subprocess.Popen(cmd, env=env)
+def command(*args: str, log: Path | None = None) -> Iterator[subprocess.Popen[bytes]]:
+    """``python -m gateway <args>`` as its own process (to kill or pause), stopped after
+    the block (continued first, if paused)."""
+    with open(log, "ab") if log else contextlib.nullcontext() as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway", *args],
+            env=clean_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT if out else None,
+        )
     try:
         yield proc
     finally:
@@ -117,6 +128,14 @@ def deliver_worker(redis_url: str, *extra: str, cluster: bool = False) -> Iterat
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+def deliver_worker(
+    redis_url: str, *extra: str, cluster: bool = False
+) -> contextlib.AbstractContextManager[subprocess.Popen[bytes]]:
+    """``durable-streams deliver`` as its own process, loopback webhooks allowed."""
+    return command("deliver", "--redis-url", redis_url, "--webhook-allow", LOOPBACK, "--log-level", "warning",
+                   *(["--redis-cluster"] if cluster else []), *extra)  # fmt: skip
 
 
 async def eventually(check: Callable[[], Any], timeout: float = 10.0, every: float = 0.05) -> Any:
