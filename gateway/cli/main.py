@@ -143,6 +143,7 @@ def _admin_socket(settings: config.Settings) -> socket.socket | None:
 def _run_gunicorn(settings: config.Settings, redis_url: str, embedded: bool = False) -> None:
     """N worker processes on one port, with ``gateway/cli/gunicorn_hooks.py`` and these settings."""
     from gunicorn.app.base import BaseApplication
+    from gunicorn.errors import HaltServer
 
     from . import gunicorn_hooks
 
@@ -183,6 +184,9 @@ def _run_gunicorn(settings: config.Settings, redis_url: str, embedded: bool = Fa
     master = os.getpid()
     try:
         Gateway().run()
+    except HaltServer as exc:  # workers that failed to boot, reaped again while halting (a race
+        # in gunicorn's arbiter): their reasons are logged already; the exit code says it
+        raise SystemExit(exc.exit_status) from None
     finally:
         if own_dir and os.getpid() == master:  # not when a worker (a fork) leaves through here
             shutil.rmtree(own_dir, ignore_errors=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from aiohttp import web
 
@@ -23,7 +23,7 @@ class Gateway:
     bodies: BodyBudget
     guard: Guard
     preflight: Preflight  # ready: Redis passed the start-up checks (until then stream requests get 503)
-    webhook_policy: TargetPolicy  # --webhook-allow: where webhooks may go besides public https
+    webhook_policy: TargetPolicy = field(default_factory=TargetPolicy)  # --webhook-allow: exempt targets
 
 
 GATEWAY = web.AppKey("gateway", Gateway)
