@@ -41,10 +41,14 @@ def cluster(redis_cluster: Cluster) -> Iterator[Cluster]:
 
 
 @contextlib.asynccontextmanager
-async def cluster_fanout(cluster: Cluster, **options: float) -> AsyncIterator[tuple[Fanout, RedisCluster]]:
-    """A fan-out on the cluster, and a cluster client to publish with."""
+async def cluster_fanout(
+    cluster: Cluster, spare: Node | None = None, **options: float
+) -> AsyncIterator[tuple[Fanout, RedisCluster]]:
+    """A fan-out on the cluster, and a cluster client to publish with (which learns the
+    slot map from its first command on: not from ``spare``, a node the test will kill)."""
     fanout = Fanout(RedisCluster.from_url(cluster.seed_url), **options)
-    publisher = RedisCluster.from_url(cluster.seed_url)
+    seeds = [n for n in cluster.primaries if n is not spare]
+    publisher = RedisCluster(host="127.0.0.1", port=seeds[0].port)
     await fanout.start()
     try:
         yield fanout, publisher
@@ -222,7 +226,7 @@ async def test_a_killed_primary_is_replaced_by_its_replica(cluster: Cluster) -> 
     sid = sid_on(cluster, victim, "killed")
     bystander = sid_on(cluster, other, "bystander")
     async with (
-        cluster_fanout(cluster, health_seconds=1.0) as (fanout, publisher),
+        cluster_fanout(cluster, spare=victim, health_seconds=1.0) as (fanout, publisher),
         fanout.watch(sid) as watch,
         fanout.watch(bystander) as calm,
     ):
