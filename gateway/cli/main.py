@@ -1,5 +1,6 @@
-"""The ``durable-streams`` command: ``serve``, ``check`` (check.py) and ``migrate``
-(migrate.py) here, more subcommands from the ``durable_streams.commands`` entry
+"""The ``durable-streams`` command: ``serve``, ``check`` (check.py), ``migrate``
+(migrate.py), ``doctor`` (doctor.py) and the client's commands (client.py: info,
+cat, tail, append, ...) here, more subcommands from the ``durable_streams.commands`` entry
 point group (``archive``: workers/commands.py)."""
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from aiohttp import web
 from .. import __version__, config
 from ..protocol import access, quotas, ssrf
 from ..telemetry import logs
-from . import check, migrate
+from . import check, client, doctor, migrate
 from .embedded import EmbeddedRedis, Supervisor
 
 # Entry point group of further subcommands: each entry names a function that adds
@@ -56,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve_parser.set_defaults(run=serve)
     check.register(commands)
     migrate.register(commands)
+    doctor.register(commands)
+    client.register(commands)
     registered = {entry.name: entry for entry in entry_points(group=COMMANDS)}  # one per name
     for name in sorted(registered):
         registered[name].load()(commands)

@@ -42,7 +42,7 @@ def assess_eviction(policy: str) -> str | None:
     )
 
 
-async def _config(redis: Client, pattern: str) -> list[tuple[str, dict[str, str]]]:
+async def node_config(redis: Client, pattern: str) -> list[tuple[str, dict[str, str]]]:
     """``CONFIG GET pattern`` of every node (primaries and replicas: a replica becomes the
     primary at a failover), as (node, settings); node '' on a single Redis."""
     found = []
@@ -63,7 +63,7 @@ async def _judge(
     """Each node's settings as ``judge`` describes them, and the first problem it finds
     (a node that forbids CONFIG, as managed Redis often does: ``unknown``)."""
     try:
-        nodes = await _config(redis, pattern)
+        nodes = await node_config(redis, pattern)
     except ResponseError as exc:  # CONFIG refused; a node away or slow is raised: preflight tries again
         return ["unknown"], f"{unknown} ({exc})"
     described, problem = [], None

@@ -1,0 +1,259 @@
+"""The command-line client (gateway/cli/client.py) and ``doctor`` against a real gateway
+and Redis: in-process through ``main`` (in a thread: it runs its own event loop), and
+``tail`` as a process of its own (it runs until the stream closes, or SIGINT)."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import signal
+import sys
+import uuid
+from pathlib import Path
+
+import aiohttp
+import pytest
+import redis.asyncio as aioredis
+
+from gateway.cli.embedded import EmbeddedRedis
+from gateway.cli.main import main
+
+from .conftest import free_port, serving
+
+TOKEN = "cli-writer-token-0123456789"
+
+
+@pytest.fixture(autouse=True)
+def _no_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("DURABLE_STREAMS_URL", "DURABLE_STREAMS_TOKEN", "DURABLE_STREAMS_REDIS_URL"):
+        monkeypatch.delenv(name, raising=False)
+
+
+class Cli:
+    """``durable-streams ...`` in-process: (exit code, stdout bytes, stderr text)."""
+
+    def __init__(self, capsys: pytest.CaptureFixture[bytes], monkeypatch: pytest.MonkeyPatch) -> None:
+        self.capsys, self.monkeypatch = capsys, monkeypatch
+
+    async def __call__(self, *args: str, stdin: bytes = b"") -> tuple[int, bytes, str]:
+        self.monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin)))
+
+        def run() -> int:
+            try:
+                return main(list(args))
+            except SystemExit as exc:  # argparse: usage
+                return int(exc.code or 0)
+
+        code = await asyncio.to_thread(run)
+        out, err = self.capsys.readouterr()
+        return code, out, err.decode()
+
+
+@pytest.fixture
+def cli(capsysbinary: pytest.CaptureFixture[bytes], monkeypatch: pytest.MonkeyPatch) -> Cli:
+    return Cli(capsysbinary, monkeypatch)
+
+
+def _name() -> str:
+    return f"cli-{uuid.uuid4().hex[:10]}"
+
+
+async def test_create_append_info_cat(cli: Cli, gateway: str) -> None:
+    name = _name()
+    code, out, _ = await cli(
+        "create", name, "--url", gateway, "--content-type", "text/plain", "--ttl", "600", "a"
+    )
+    assert code == 0 and out.startswith(b"created ")
+    code, out, _ = await cli(
+        "create", name, "--url", gateway, "--content-type", "text/plain", "--ttl", "600", "a"
+    )
+    assert code == 0 and out.startswith(b"exists ")  # idempotent
+    code, out, _ = await cli("append", f"{gateway}/{name}", "b", "c")  # a full URL; joined by newlines
+    assert code == 0 and out.strip().endswith(b"_0000000000000004")
+    payload = bytes(range(256)) * 2  # longer than the gateway's 64-byte chunks: several reads
+    code, out, err = await cli(
+        "append", name, "--url", gateway, "--content-type", "text/plain", stdin=payload
+    )
+    assert code == 0, err
+    code, out, _ = await cli("cat", name, "--url", gateway)
+    assert code == 0 and out == b"ab\nc" + payload
+    code, out, _ = await cli("cat", name, "--url", gateway, "--offset", "0000000000000000_0000000000000002")
+    assert out == b"\nc" + payload
+    code, out, _ = await cli("info", name, "--url", gateway)
+    assert code == 0
+    assert b"content-type: text/plain" in out and b"closed:       no" in out and b"ttl:          600 s" in out
+    code, out, _ = await cli("info", name, "--url", gateway, "--json")
+    found = json.loads(out)
+    assert found["next_offset"] == f"0000000000000000_{4 + len(payload):016d}"
+    assert found["closed"] is False and found["ttl"] == 600 and found["expires_at"] is None
+
+
+async def test_json_streams(cli: Cli, gateway: str) -> None:
+    name = _name()
+    assert (await cli("create", name, "--url", gateway, "--content-type", "application/json"))[0] == 0
+    code, _, err = await cli("append", name, "--url", gateway, '{"n": 1}', '"two"')  # type from HEAD
+    assert code == 0, err
+    await cli("append", name, "--url", gateway, stdin=b'[{"n": 3}, [4]]')
+    code, out, _ = await cli("cat", name, "--url", gateway, "--json-lines")
+    assert out == b'{"n":1}\n"two"\n{"n":3}\n[4]\n'
+    code, out, _ = await cli("cat", name, "--url", gateway)
+    assert json.loads(out) == [{"n": 1}, "two", {"n": 3}, [4]]
+
+
+async def test_producer_retries_are_deduplicated(cli: Cli, gateway: str) -> None:
+    name = _name()
+    await cli("create", name, "--url", gateway, "--content-type", "text/plain")
+    producer = ("--producer-id", "p1", "--epoch", "1", "--seq", "0", "--json")
+    first = json.loads((await cli("append", name, "--url", gateway, *producer, "once"))[1])
+    again = json.loads((await cli("append", name, "--url", gateway, *producer, "once"))[1])
+    assert first["duplicate"] is False and again["duplicate"] is True
+    assert again["next_offset"] == first["next_offset"]
+    assert (await cli("cat", name, "--url", gateway))[1] == b"once"
+    # a stale epoch is fenced (403 with Producer-Epoch): a conflict, not an access refusal
+    code, _, err = await cli("append", name, "--url", gateway, "--producer-id", "p1", "--epoch", "0", "x")
+    assert code == 4 and err.startswith("durable-streams append: 403")
+    assert (await cli("append", name, "--url", gateway, "--seq", "1", "x"))[0] == 2  # --seq needs an id
+
+
+async def test_fork_close_rm(cli: Cli, gateway: str) -> None:
+    source, copy = _name(), _name()
+    await cli("create", source, "--url", gateway, "--content-type", "text/plain", "hello world")
+    code, out, err = await cli(
+        "fork",
+        copy,
+        "--from",
+        source,
+        "--url",
+        gateway,
+        "--offset",
+        "0000000000000000_0000000000000005",
+        "--json",
+    )
+    assert code == 0, err
+    assert json.loads(out)["created"] is True
+    await cli("append", copy, "--url", gateway, "!")
+    assert (await cli("cat", copy, "--url", gateway))[1] == b"hello!"
+    code, out, _ = await cli("close", source, "--url", gateway, "--json")
+    assert code == 0 and json.loads(out) == {
+        "url": f"{gateway}/{source}",
+        "closed": True,
+        "next_offset": "0000000000000000_0000000000000011",
+    }
+    assert b"closed:       yes" in (await cli("info", source, "--url", gateway))[1]
+    code, _, err = await cli("append", source, "--url", gateway, "late")
+    assert code == 4 and err.startswith("durable-streams append: 409 Conflict")
+    code, out, _ = await cli("append", copy, "--url", gateway, "--close", "end", "--json")
+    assert json.loads(out)["closed"] is True
+    code, out, _ = await cli("rm", copy, "--url", gateway, "--json")
+    assert code == 0 and json.loads(out)["deleted"] is True
+    code, _, err = await cli("info", copy, "--url", gateway)
+    assert code == 3 and "404" in err and len(err.strip().splitlines()) == 1
+
+
+async def test_exit_codes(cli: Cli, gateway: str, redis_url: str, tmp_path: Path) -> None:
+    assert (await cli("cat", "nothing-here", "--url", gateway))[0] == 3
+    name = _name()
+    await cli("create", name, "--url", gateway)
+    code, _, err = await cli("cat", name, "--url", gateway, "--offset", "bogus")
+    assert code == 7 and "400" in err and "offset" in err
+    code, _, err = await cli("info", name, "--url", f"http://127.0.0.1:{free_port()}/v1/stream")
+    assert code == 6 and "cannot reach" in err
+    assert (await cli("info"))[0] == 2  # no STREAM
+    assert (
+        await cli("create", name, "--url", gateway, "--ttl", "5", "--expires-at", "2030-01-01T00:00:00Z")
+    )[0] == 2
+    tokens = tmp_path / "tokens.json"
+    tokens.write_text(json.dumps({"tokens": [{"name": "w", "token": TOKEN, "grants": "admin:cli/"}]}))
+    (tmp_path / "token").write_text(TOKEN + "\n")
+    async with serving(redis_url, auth_tokens_file=str(tokens)) as secured:
+        code, _, err = await cli("create", "cli/x", "--url", secured, "--token", "wrong-token-0123456789")
+        assert code == 5 and err.startswith("durable-streams create: 401")
+        assert (await cli("create", "cli/x", "--url", secured))[0] == 5
+        code, _, err = await cli(
+            "create", f"cli/{_name()}", "--url", secured, "--token-file", str(tmp_path / "token")
+        )
+        assert code == 0, err
+
+
+async def _tail(base: str, *args: str) -> asyncio.subprocess.Process:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DURABLE_STREAMS_")}
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gateway", "tail", "--url", base, *args, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+
+
+async def test_tail_follows_until_closed(redis_url: str, http: aiohttp.ClientSession) -> None:
+    # SSE responses end every second here: tail must reconnect from its last offset.
+    async with serving(redis_url, sse_cycle_seconds=1.0) as base:
+        name = _name()
+        url = f"{base}/{name}"
+        async with http.put(url, data=b"old ", headers={"Content-Type": "text/plain"}) as r:
+            start = r.headers["Stream-Next-Offset"]
+        proc = await _tail(base, name, "--offset", start)
+        assert proc.stdout is not None
+        try:
+            await asyncio.sleep(0.5)
+            await http.post(url, data=b"new ", headers={"Content-Type": "text/plain"})
+            assert await asyncio.wait_for(proc.stdout.readexactly(4), 15) == b"new "
+            await asyncio.sleep(1.5)  # past a cycle end
+            await http.post(
+                url, data=b"last", headers={"Content-Type": "text/plain", "Stream-Closed": "true"}
+            )
+            out, err = await asyncio.wait_for(proc.communicate(), 15)
+            assert proc.returncode == 0, err
+            assert out == b"last"
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+
+        interrupted = await _tail(base, name + "-open", "--offset", "-1")
+        async with http.put(f"{url}-open", headers={"Content-Type": "application/json"}) as r:
+            assert r.status == 201
+        await http.post(
+            f"{url}-open", data=b'[{"a":1},{"b":2}]', headers={"Content-Type": "application/json"}
+        )
+        assert interrupted.stdout is not None
+        try:
+            line = await asyncio.wait_for(interrupted.stdout.readline(), 15)
+            assert line == b'{"a":1}\n'
+            interrupted.send_signal(signal.SIGINT)
+            await asyncio.wait_for(interrupted.wait(), 10)
+            assert interrupted.returncode == 130
+        finally:
+            if interrupted.returncode is None:
+                interrupted.kill()
+                await interrupted.wait()
+
+
+async def test_doctor(cli: Cli, redis_url: str, tmp_path: Path) -> None:
+    code, out, err = await cli("doctor", "--redis-url", redis_url, "--archive-url", str(tmp_path))
+    lines = out.decode().splitlines()
+    assert code == 0, out.decode() + err
+    assert [line.split()[1] for line in lines] == [
+        "version:", "cluster:", "latency:", "persistence:", "eviction:", "layout:", "archive:",
+    ]  # fmt: skip
+    for check in ("cluster", "persistence", "eviction", "layout", "archive"):
+        assert any(line.startswith(f"ok    {check}:") for line in lines), lines
+    code, out, _ = await cli(
+        "doctor", "--redis-url", redis_url, "--redis-cluster", "--archive-url", str(tmp_path)
+    )
+    assert code == 1 and b"fail  cluster: --redis-cluster given" in out
+    code, out, _ = await cli("doctor", "--redis-url", redis_url, "--archive-url", "nosuchfs://bucket/x")
+    assert code == 1 and b"fail  archive:" in out
+
+
+async def test_doctor_names_appendfsync(cli: Cli, own_redis: EmbeddedRedis, tmp_path: Path) -> None:
+    client = aioredis.Redis.from_url(own_redis.url)
+    try:
+        await client.config_set("appendfsync", "everysec")
+    finally:
+        await client.aclose()
+    code, out, _ = await cli("doctor", "--redis-url", own_redis.url, "--archive-url", str(tmp_path))
+    (line,) = [line for line in out.decode().splitlines() if "persistence" in line]
+    assert line.startswith("warn  persistence:") and "appendfsync" in line and "always" in line
+    code, out, _ = await cli("doctor", "--redis-url", f"redis://127.0.0.1:{free_port()}/0")
+    assert code == 1 and out.startswith(b"fail  redis: cannot use")
