@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import signal
 from typing import Any
 
 from gunicorn import glogging
@@ -64,6 +65,13 @@ def pre_fork(server: Any, worker: Any) -> None:
 
 
 def post_fork(server: Any, worker: Any) -> None:
+    # Until the worker installs its own handlers (aiohttp's, once its loop runs), a fork
+    # keeps the master's, which only queue the signal in the fork's copy of the master's
+    # state: a SIGTERM that came while the worker booted was lost, and the worker served on
+    # until the master killed it after the graceful timeout. Booting, it serves nobody yet:
+    # such a signal ends it at once.
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
+        signal.signal(signum, signal.SIG_DFL)
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         from gateway.telemetry import metrics
 
