@@ -267,7 +267,9 @@ async def try_append(http: aiohttp.ClientSession, book: Book, base: str, path: s
                 offset = response.headers["Stream-Next-Offset"]
                 book.appended[path].append(offset)
                 return offset
-            if response.status != 503:  # Redis away: refused, nothing written
+            # Redis away: 503 refused (nothing written) or 504 outcome unknown (it died under
+            # the call): not acknowledged either way, so nothing this history must cover.
+            if response.status not in (503, 504):
                 book.problems.append(f"append to {path} answered {response.status}: {await response.text()}")
     except (aiohttp.ClientError, TimeoutError):
         pass
