@@ -76,6 +76,7 @@ class Book:
         self.acked_seen: dict[str, str] = {}
         self.statuses: list[str] = []
         self.problems: list[str] = []
+        self.urls: dict[str, str] = {}  # path -> stream url, where a test keeps them here
 
     # -- the receiver ---------------------------------------------------------------
 
@@ -551,35 +552,29 @@ async def test_a_paused_worker_cannot_ack_a_later_wake(
             return 503, {}, 0.5
         return DONE
 
-    sub, prefix = _uid("ps"), _uid("ps")
-    book = Book(sub, policy)
-    path = f"{prefix}/s"
-    async with serving(own_redis.url, webhook_allow=LOOPBACK) as base, receiver(book.answer) as box:
-        await put_sub(http, base, sub, box.url, pattern=f"{prefix}/*")
-        async with book.watching(http, base):
-            urls = {path: await create(http, book, base, path, {"n": 0})}
-            with deliver_worker(own_redis.url, *FAST, "--webhook-timeout", "1") as w1:
-                procs["w1"] = w1
-                await box.wait_for(1, timeout=20)
-                with deliver_worker(own_redis.url, *FAST, "--webhook-timeout", "1"):
-                    await box.wait_for(2, timeout=30)
-                    first, second = book.deliveries[:2]
-                    assert second.body["wake_id"] == first.body["wake_id"], book.summary()
+    async with _paused_first_worker(http, own_redis, "ps", policy, procs, second_timeout="1") as (
+        base,
+        box,
+        book,
+    ):
+        first, second = book.deliveries[:2]
+        assert second.body["wake_id"] == first.body["wake_id"], book.summary()
+        path = next(iter(book.urls))
 
-                    async def acked_first() -> bool:
-                        return (await acked_now(http, base, sub)).get(path) == first.body["streams"][0][
-                            "tail_offset"
-                        ]
+        async def acked_first() -> bool:
+            return (await acked_now(http, base, book.sub)).get(path) == first.body["streams"][0][
+                "tail_offset"
+            ]
 
-                    await eventually(acked_first, timeout=20)
-                    for n in range(1, 4):  # after worker 2's ack, worker 1 still paused
-                        await append(http, book, base, path, {"n": n})
-                    await box.wait_for(3, timeout=20)
-                    await book.settle(http, base, urls)
-                    assert resumed, "worker 1 was never continued"
-                    assert w1.poll() is None, "worker 1 died"
-                    await asyncio.sleep(1.0)  # anything worker 1 still had to say
-                    await book.settle(http, base, urls)
+        await eventually(acked_first, timeout=20)
+        for n in range(1, 4):  # after worker 2's ack, worker 1 still paused
+            await append(http, book, base, path, {"n": n})
+        await box.wait_for(3, timeout=20)
+        await book.settle(http, base, book.urls)
+        assert resumed, "worker 1 was never continued"
+        assert procs["w1"].poll() is None, "worker 1 died"
+        await asyncio.sleep(1.0)  # anything worker 1 still had to say
+        await book.settle(http, base, book.urls)
         later = [d for d in book.deliveries if d.body["generation"] > first.body["generation"]]
         assert later and later[-1].body["streams"][0]["tail_offset"] == max(book.appended[path])
         await stale_callback_is_fenced(http, base, book, first)
@@ -603,25 +598,46 @@ async def test_a_paused_worker_cannot_undo_its_successor_in_the_same_wake(
             return 200, {"done": True}, 1.0
         return DONE
 
-    sub, prefix = _uid("pt"), _uid("pt")
+    async with _paused_first_worker(http, own_redis, "pt", policy, procs, second_timeout="5") as (
+        base,
+        _,
+        book,
+    ):
+        await book.settle(http, base, book.urls)
+        await asyncio.sleep(3.0)  # a retry of the wake would come within ~1.2 s
+        assert procs["w1"].poll() is None, "worker 1 died"
+        first = book.deliveries[0]
+        assert len(book.of_wake(first.body["wake_id"])) == 2, book.summary()
+        assert len(book.deliveries) == 2 and "failed" not in book.statuses, (book.statuses, book.summary())
+        await stale_callback_is_fenced(http, base, book, first)
+
+
+@contextlib.asynccontextmanager
+async def _paused_first_worker(
+    http: aiohttp.ClientSession,
+    own_redis: EmbeddedRedis,
+    tag: str,
+    policy: Policy,
+    procs: dict[str, subprocess.Popen[bytes]],
+    second_timeout: str,
+) -> AsyncIterator[tuple[str, Any, Book]]:
+    """The scene of the two paused-worker tests: a pattern subscription, one stream made,
+    worker 1 (webhook timeout 1 s) takes the first delivery (the policy pauses it there),
+    worker 2 starts and gets the second; yields (gateway url, receiver, book) with both
+    workers still running (``procs["w1"]`` is worker 1)."""
+    sub, prefix = _uid(tag), _uid(tag)
     book = Book(sub, policy)
     path = f"{prefix}/s"
     async with serving(own_redis.url, webhook_allow=LOOPBACK) as base, receiver(book.answer) as box:
         await put_sub(http, base, sub, box.url, pattern=f"{prefix}/*")
         async with book.watching(http, base):
-            urls = {path: await create(http, book, base, path, {"n": 0})}
+            book.urls = {path: await create(http, book, base, path, {"n": 0})}
             with deliver_worker(own_redis.url, *FAST, "--webhook-timeout", "1") as w1:
                 procs["w1"] = w1
                 await box.wait_for(1, timeout=20)
-                with deliver_worker(own_redis.url, *FAST, "--webhook-timeout", "5"):
+                with deliver_worker(own_redis.url, *FAST, "--webhook-timeout", second_timeout):
                     await box.wait_for(2, timeout=30)
-                    await book.settle(http, base, urls)
-                    await asyncio.sleep(3.0)  # a retry of the wake would come within ~1.2 s
-                    assert w1.poll() is None, "worker 1 died"
-        first = book.deliveries[0]
-        assert len(book.of_wake(first.body["wake_id"])) == 2, book.summary()
-        assert len(book.deliveries) == 2 and "failed" not in book.statuses, (book.statuses, book.summary())
-        await stale_callback_is_fenced(http, base, book, first)
+                    yield base, box, book
 
 
 # -- 6. Redis restarted -----------------------------------------------------------------------

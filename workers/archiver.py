@@ -66,7 +66,7 @@ from gateway.concurrency import backoff
 from gateway.config import Settings
 from gateway.protocol import offsets
 from gateway.storage import keys
-from gateway.storage.client import Client, every_node, general
+from gateway.storage.client import Client, general, scan_pages
 from gateway.storage.hints import HintKeys, add_hints
 from gateway.storage.outcomes import UNAVAILABLE
 from gateway.storage.preflight import Preflight, reason
@@ -611,22 +611,14 @@ class Archiver:
         return True
 
     async def _scan(self, match: str, type_: str | None = None) -> AsyncIterator[bytes | str]:
-        """SCAN's keys, with a heartbeat per page visited, matching or not: on a Redis shared
-        with many keys of others a pass may read thousands of pages that match nothing, and
-        that is progress, not a stall (--archive-stall-seconds). On a cluster, every primary's
-        keys, one primary after the other, each with its own cursor (a primary that fails
-        over meanwhile is scanned to the end as the replica it became: it has the same keys)."""
-        for node in await every_node(self.redis):
-            cursor = 0
-            while True:
-                reply, found = await self.redis.scan(cursor, match=match, count=1000, _type=type_, **node)
-                # One Redis answers the next cursor; RedisCluster {node name: cursor}, one node here.
-                cursor = int(next(iter(reply.values())) if isinstance(reply, dict) else reply)
-                self.heartbeat.beat()
-                for key in found:
-                    yield key
-                if not cursor:
-                    break
+        """SCAN's keys (``scan_pages``: every primary of a cluster), with a heartbeat per page
+        visited, matching or not: on a Redis shared with many keys of others a pass may read
+        thousands of pages that match nothing, and that is progress, not a stall
+        (--archive-stall-seconds)."""
+        async for found in scan_pages(self.redis, match, type_=type_):
+            self.heartbeat.beat()
+            for key in found:
+                yield key
 
     async def _index_legacy_segsets(self) -> None:
         """Once per process: index segment sets that no index names, e.g. those of

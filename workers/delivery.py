@@ -70,7 +70,7 @@ from gateway.protocol.subscriptions import (
 )
 from gateway.protocol.webhooks import SigningKey, signature_header
 from gateway.storage import keys
-from gateway.storage.client import every_node
+from gateway.storage.client import scan_pages
 from gateway.storage.outcomes import UNAVAILABLE
 from gateway.storage.preflight import Preflight
 from gateway.storage.scripts import Scripts, connect_scripts, replica_ack
@@ -635,20 +635,14 @@ class Delivery:
         index = PatternIndex()
         for sub, (pattern, _) in wanted.items():
             index.add(sub, pattern)
-        for node in await every_node(redis):
-            cursor = 0
-            while True:
-                reply, found = await redis.scan(cursor, match=keys.META_PATTERN, count=SCAN_BATCH, **node)
-                cursor = int(next(iter(reply.values())) if isinstance(reply, dict) else reply)
-                for key in found:
-                    sid = keys.key_stream_id(text(key))
-                    path = keys.path_of(sid)
-                    subs = index.match(path) if linkable(path) else []
-                    if subs:
-                        await self._backfill_stream(sid, path, subs)
-                self.heartbeat.beat()
-                if not cursor:
-                    break
+        async for found in scan_pages(redis, keys.META_PATTERN, SCAN_BATCH):
+            for key in found:
+                sid = keys.key_stream_id(text(key))
+                path = keys.path_of(sid)
+                subs = index.match(path) if linkable(path) else []
+                if subs:
+                    await self._backfill_stream(sid, path, subs)
+            self.heartbeat.beat()
 
     async def _backfill_stream(self, sid: str, path: str, subs: list[str]) -> None:
         """Link one stream to ``subs`` (idempotent: an existing link keeps its cursor; the

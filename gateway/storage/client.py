@@ -6,6 +6,7 @@ must visit on each (``every_node``)."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any, TypeAlias
 
 import redis.asyncio as aioredis
@@ -101,6 +102,24 @@ def general(url: str, *, cluster: bool, **options: Any) -> Client:
     if cluster:
         return RedisCluster.from_url(url, **options)
     return aioredis.Redis.from_url(url, **options)
+
+
+async def scan_pages(
+    redis: Client, match: str, count: int = 1000, type_: str | None = None
+) -> AsyncIterator[list[bytes | str]]:
+    """SCAN's keys, a page at a time (empty pages too: a caller counts each as progress).
+    On a cluster, every primary's keys, one primary after the other, each with its own
+    cursor (a primary that fails over meanwhile is scanned to the end as the replica it
+    became: it has the same keys)."""
+    for node in await every_node(redis):
+        cursor = 0
+        while True:
+            reply, found = await redis.scan(cursor, match=match, count=count, _type=type_, **node)
+            # One Redis answers the next cursor; RedisCluster {node name: cursor}, one node here.
+            cursor = int(next(iter(reply.values())) if isinstance(reply, dict) else reply)
+            yield found
+            if not cursor:
+                break
 
 
 async def every_node(redis: Client, *, replicas: bool = False) -> list[dict[str, Any]]:

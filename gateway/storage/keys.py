@@ -98,19 +98,23 @@ LAYOUT = f"{PREFIX}:layout"
 LAYOUT_LOCK = f"{{{LAYOUT}}}:lock"
 
 
-def _hint_shard_key(shard: int) -> str:
-    """Hint key ``shard`` of ``ARCHIVE_HINT_SHARDS`` on Redis Cluster: the first name
-    ``ds:archive:hints:{<shard>.<n>}`` (n = 0, 1, ...) whose slot is in the shard-th
-    equal part of the slots. Slot ranges are what primaries serve (a cluster split
-    evenly gives each primary about as many hint keys), and a stream's hints go to
-    the key of its own slot's part (``archive_hint_shard``): mostly on its own primary."""
-    width = REDIS_CLUSTER_HASH_SLOTS // ARCHIVE_HINT_SHARDS
+def _in_part(name: str, part: int, parts: int) -> str:
+    """The first ``name.format(n)`` (n = 0, 1, ...) whose slot is in the part-th of ``parts``
+    equal parts of the slots: names spread over the slot ranges primaries serve (about
+    ``parts`` tries each, CRC16 spreads evenly)."""
+    width = REDIS_CLUSTER_HASH_SLOTS // parts
     n = 0
-    while True:  # about ARCHIVE_HINT_SHARDS tries each (CRC16 spreads evenly)
-        name = f"{PREFIX}:archive:hints:{{{shard}.{n}}}"
-        if key_slot(name.encode()) // width == shard:
-            return name
+    while key_slot(name.format(n).encode()) // width != part:
         n += 1
+    return name.format(n)
+
+
+def _hint_shard_key(shard: int) -> str:
+    """Hint key ``shard`` of ``ARCHIVE_HINT_SHARDS`` on Redis Cluster:
+    ``ds:archive:hints:{<shard>.<n>}`` in the shard-th part of the slots (``_in_part``): a
+    cluster split evenly gives each primary about as many hint keys, and a stream's hints go
+    to the key of its own slot's part (``archive_hint_shard``): mostly on its own primary."""
+    return _in_part(f"{PREFIX}:archive:hints:{{{{{shard}.{{}}}}}}", shard, ARCHIVE_HINT_SHARDS)
 
 
 _HINT_SHARD_KEYS = tuple(_hint_shard_key(shard) for shard in range(ARCHIVE_HINT_SHARDS))
@@ -226,15 +230,9 @@ def sub_id(sub: str) -> str:
 
 
 def _group_tag(group: int) -> str:
-    """Group ``group``'s hash tag: the first ``subs.<group>.<n>`` falling in the
-    group-th equal part of the slots (spread like the hint keys)."""
-    width = REDIS_CLUSTER_HASH_SLOTS // SUB_GROUPS
-    n = 0
-    while True:
-        tag = f"subs.{group}.{n}"
-        if key_slot(tag.encode()) // width == group:
-            return tag
-        n += 1
+    """Group ``group``'s hash tag, ``subs.<group>.<n>``, in the group-th part of the slots
+    (``_in_part``: spread like the hint keys)."""
+    return _in_part(f"subs.{group}.{{}}", group, SUB_GROUPS)
 
 
 _GROUP_TAGS = tuple(_group_tag(g) for g in range(SUB_GROUPS))
