@@ -199,14 +199,16 @@ local function read_from(m, from, hi, budget, whole, max_entries, inline)
   return {collect(from, hi, budget, whole, max_entries)}
 end
 
+-- This stream's id (the hash tag of its key names): how indexes and outboxes name it.
+local function stream_sid() return string.sub(META, #'ds:{' + 1, -#'}:meta' - 1) end
+
 -- A stream with subscription links (SUBS, keys.stream_subs), or any new stream when
 -- `always`, goes in its slot's OUTBOX (keys.subs_outbox) for the subscription
 -- workers; the first time since they took it, the outbox's name goes out on the
 -- WAKE channel (PUBLISH: on Redis Cluster it reaches every node's subscribers).
 local function record_for_subscribers(always)
   if not always and redis.call('EXISTS', SUBS) == 0 then return end
-  local sid = string.sub(META, #'ds:{' + 1, -#'}:meta' - 1)
-  if redis.call('ZADD', OUTBOX, 'NX', now_ms(), sid) == 1 and WAKE ~= '' then
+  if redis.call('ZADD', OUTBOX, 'NX', now_ms(), stream_sid()) == 1 and WAKE ~= '' then
     redis.call('PUBLISH', WAKE, OUTBOX)
   end
 end

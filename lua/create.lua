@@ -13,13 +13,15 @@
 --   FORKS, see fork_ref.lua), 16 '1' when a subscription worker runs (the new
 --   stream goes in the outbox, to be matched; else only if it has links), 17 the
 --   channel that wakes subscription workers, 18.. initial entries.
--- KEYS: the five stream keys, 6 its subscription links, 7 its slot's outbox.
+-- KEYS: the five stream keys, 6 its subscription links, 7 its slot's stream index
+--   (keys.stream_index: the stream is listed there while it lives), 8 its slot's outbox.
 -- Returns {'created', meta} | {'exists', meta} | {'conflict', source id of the
 --   existing stream or ''}.
 local ct, ctn, ttl, exp_at, expires, closed = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local src, fork_off, fork_sub, base, chain = ARGV[7], ARGV[8], ARGV[10], ARGV[11], ARGV[12]
 local chain_uids, src_uid, weak = ARGV[13], ARGV[14], ARGV[15]
 WAKE = ARGV[17]
+local INDEX = KEYS[7]
 local now = now_ms()
 local m, status = open_stream(now)
 if status == 'gone' then return {'conflict', m.src or ''} end
@@ -32,6 +34,7 @@ if status == 'ok' then
     and (m.src_uid == nil or m.src_uid == src_uid)
   if same then
     touch(m, now, 0)
+    redis.call('ZADD', INDEX, 0, stream_sid())  -- a stream made before the index: listed now
     return {'exists', flat(m)}
   end
   return {'conflict', m.src or ''}
@@ -48,6 +51,7 @@ end
 m.tail = fmt(add_entries(m, 18, #ARGV, now))
 if closed == '1' then m.closed = '1' end
 redis.call('HSET', META, unpack(flat(m)))
+redis.call('ZADD', INDEX, 0, stream_sid())
 if m.exp then apply_expiry(m) end
 record_for_subscribers(ARGV[16] == '1')
 return {'created', flat(m)}

@@ -90,6 +90,34 @@ async def test_create_append_info_cat(cli: Cli, gateway: str) -> None:
     assert found["closed"] is False and found["ttl"] == 600 and found["expires_at"] is None
 
 
+async def test_ls_pages_through_every_stream(cli: Cli, gateway: str) -> None:
+    prefix = _name()
+    names = [f"{prefix}/{n:04d}" for n in range(1, 2504)]  # three pages of 1,000
+    async with aiohttp.ClientSession() as http:
+        for start in range(0, len(names), 200):
+            await asyncio.gather(
+                *(
+                    http.put(f"{gateway}/{n}", headers={"Content-Type": "text/plain"})
+                    for n in names[start : start + 200]
+                )
+            )
+    code, out, err = await cli("ls", prefix, "--url", gateway)
+    assert (code, err) == (0, "") and out.decode().splitlines() == names
+    code, out, _ = await cli("ls", f"{prefix}/", "--url", gateway, "--limit", "3", "--json")
+    items = [json.loads(line) for line in out.decode().splitlines()]
+    assert code == 0 and [i["path"] for i in items] == names[:3] and items[0]["status"] == "open"
+    code, out, _ = await cli("ls", f"{prefix}/0001", "-l", "--url", gateway)
+    assert code == 0 and out.decode().split() == [
+        "open",
+        "0",
+        out.decode().split()[2],
+        "text/plain",
+        names[0],
+    ]
+    code, out, err = await cli("ls", "--url", f"{gateway}/nowhere-{prefix}")
+    assert code == 3 and err.startswith("durable-streams ls: 404"), err
+
+
 async def test_json_streams(cli: Cli, gateway: str) -> None:
     name = _name()
     assert (await cli("create", name, "--url", gateway, "--content-type", "application/json"))[0] == 0

@@ -17,7 +17,10 @@ from gateway.storage import keys, layout
 
 from .conftest import free_port
 
-NEWER = "Redis holds key layout v2; this build understands up to v1: upgrade the gateways/workers"
+NEWER = (
+    f"Redis holds key layout v{layout.CURRENT + 1}; this build understands up to v{layout.CURRENT}: "
+    "upgrade the gateways/workers"
+)
 
 
 @pytest.fixture
@@ -54,7 +57,7 @@ async def test_an_empty_redis_gets_the_building_layout(client: aioredis.Redis) -
 
 
 async def test_a_newer_or_unreadable_layout_refuses(client: aioredis.Redis) -> None:
-    await client.set(keys.LAYOUT, 2)
+    await client.set(keys.LAYOUT, layout.CURRENT + 1)
     with pytest.raises(layout.Mismatch) as refused:
         await layout.check(client)
     assert str(refused.value) == NEWER
@@ -111,7 +114,7 @@ async def _noop(redis: aioredis.Redis) -> None:
 async def test_gateways_and_workers_refuse_a_newer_layout(
     client: aioredis.Redis, own_redis: EmbeddedRedis
 ) -> None:
-    await client.set(keys.LAYOUT, 2)
+    await client.set(keys.LAYOUT, layout.CURRENT + 1)
     for args in (
         ["serve", "--port", str(free_port())],
         ["serve", "--port", str(free_port()), "--workers", "2"],
@@ -125,9 +128,9 @@ async def test_gateways_and_workers_refuse_a_newer_layout(
 
 async def test_the_migrate_command(client: aioredis.Redis, own_redis: EmbeddedRedis) -> None:
     out = _command("migrate", "--redis-url", own_redis.url)
-    assert (out.returncode, out.stdout) == (0, "layout v1 is current\n"), out.stderr
-    assert await client.get(keys.LAYOUT) == b"1"  # an empty Redis is stamped
-    await client.set(keys.LAYOUT, 2)
+    assert (out.returncode, out.stdout) == (0, f"layout v{layout.CURRENT} is current\n"), out.stderr
+    assert await client.get(keys.LAYOUT) == str(layout.CURRENT).encode()  # an empty Redis is stamped
+    await client.set(keys.LAYOUT, layout.CURRENT + 1)
     out = _command("migrate", "--redis-url", own_redis.url)
     assert out.returncode == 1 and out.stderr == f"durable-streams: {NEWER}\n", out.stderr
     out = _command("migrate", "--redis-url", f"redis://127.0.0.1:{free_port()}/0")

@@ -78,8 +78,13 @@ def _published_by_cluster_scripts(url: str) -> tuple[list[bytes], list[bytes]]:
         has_sharded = int(c.info("server")["redis_version"].split(".")[0]) >= 7
         if has_sharded:
             sharded.ssubscribe(channel)
-        script_keys = [*keys.stream_keys(sid), keys.stream_subs(sid), keys.subs_outbox(sid, cluster=False)]
-        c.eval(scripts.source("delete", cluster=True), 7, *script_keys, keys.SUBS_WAKE_CHANNEL)
+        script_keys = [
+            *keys.stream_keys(sid),
+            keys.stream_subs(sid),
+            keys.stream_index(sid, cluster=False),
+            keys.subs_outbox(sid, cluster=False),
+        ]
+        c.eval(scripts.source("delete", cluster=True), len(script_keys), *script_keys, keys.SUBS_WAKE_CHANNEL)
         got: tuple[list[bytes], list[bytes]] = ([], [])
         for pubsub, out, kinds in ((classic, got[0], ("message",)), (sharded, got[1], ("smessage",))):
             if pubsub is sharded and not has_sharded:

@@ -20,7 +20,7 @@ import pytest
 import redis
 
 from gateway.cli.embedded import EmbeddedRedis
-from gateway.storage import keys
+from gateway.storage import keys, layout
 
 from .conftest import free_port, redis_server_binary, start_gateway
 
@@ -136,7 +136,8 @@ def test_archive_worker_waits_for_redis(tmp_path: Path) -> None:
             assert time.monotonic() < deadline, log.read_text()
             assert proc.poll() is None, log.read_text()
             time.sleep(0.1)
-        assert client.get(keys.LAYOUT) == b"1"  # the first process on an empty Redis stamps the layout
+        # the first process on an empty Redis stamps the layout
+        assert client.get(keys.LAYOUT) == str(layout.CURRENT).encode()
         assert _status(health)[0] == 200
     finally:
         code = _stop(proc)
@@ -158,7 +159,7 @@ def _redis_holding_layout(data_dir: Path, port: int, version: int) -> EmbeddedRe
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_refusal_found_once_redis_answers_stops_the_server(tmp_path: Path, workers: int) -> None:
     redis_port, port = free_port(), free_port()
-    server = _redis_holding_layout(tmp_path / "redis", redis_port, 2)
+    server = _redis_holding_layout(tmp_path / "redis", redis_port, layout.CURRENT + 1)
     proc, log = _command(
         tmp_path, "serve", "--port", str(port), "--redis-url", f"redis://127.0.0.1:{redis_port}/0",
         "--workers", str(workers),
@@ -172,13 +173,14 @@ def test_a_refusal_found_once_redis_answers_stops_the_server(tmp_path: Path, wor
         server.stop()
     text = log.read_text()
     assert code != 0, text
-    assert "Redis holds key layout v2; this build understands up to v1: upgrade the gateways/workers" in text
+    newer = (
+        f"Redis holds key layout v{layout.CURRENT + 1}; this build understands up to v{layout.CURRENT}: "
+        "upgrade the gateways/workers"
+    )
+    assert newer in text
     assert "Traceback" not in text, text
     if workers == 1:
-        assert text.splitlines()[-1] == (
-            "durable-streams: Redis holds key layout v2; this build understands up to v1: "
-            "upgrade the gateways/workers"
-        )
+        assert text.splitlines()[-1] == f"durable-streams: {newer}"
 
 
 async def test_requests_needing_redis_get_503_until_it_is_ready(http: aiohttp.ClientSession) -> None:

@@ -1,4 +1,4 @@
-"""The command-line client: ``info``, ``cat``, ``tail``, ``append``, ``create``,
+"""The command-line client: ``ls``, ``info``, ``cat``, ``tail``, ``append``, ``create``,
 ``close``, ``rm`` and ``fork``, speaking the Durable Streams protocol over HTTP
 to any server (this one or another): no Redis, nothing of the gateway's below.
 
@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 import sys
+import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -211,6 +212,36 @@ def _body(data: list[str], content_type: str | None) -> bytes:
 
 
 # --- commands ---------------------------------------------------------------------------------
+
+
+LISTING = "__ds/streams"  # the listing API under the streams' base URL (this server's)
+
+
+async def ls(args: argparse.Namespace) -> int:
+    """The streams under PREFIX, page after page (``next_cursor``) until ``--limit``."""
+    url = stream_url(args.url, LISTING)
+    listed, after = 0, ""
+    async with _client(args) as client:
+        while args.limit is None or listed < args.limit:
+            size = 1000 if args.limit is None else min(1000, args.limit - listed)
+            params = {"prefix": args.prefix, "limit": str(size), **({"after": after} if after else {})}
+            page = json.loads((await client.call("GET", url, params=params, ok=(200,))).body)
+            for item in page["streams"][:size]:
+                listed += 1
+                if args.json:
+                    _print_json(item)
+                elif args.long:
+                    created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(item["created_at_ms"] / 1000))
+                    print(
+                        f"{item['status']:<7}{item['bytes']:>12} {created}  "
+                        f"{item['content_type']:<26} {item['path']}"
+                    )
+                else:
+                    print(item["path"])
+            after = page.get("next_cursor") or ""
+            if not page.get("has_more") or not after:
+                break
+    return OK
 
 
 async def info(args: argparse.Namespace) -> int:
@@ -568,6 +599,7 @@ def _add(
     summary: str,
     *,
     json_output: bool = True,
+    positional: str = "stream",
 ) -> argparse.ArgumentParser:
     parser = commands.add_parser(
         name,
@@ -577,7 +609,8 @@ def _add(
         epilog=EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("stream", metavar="STREAM" if name != "fork" else "NEW")
+    if positional == "stream":
+        parser.add_argument("stream", metavar="STREAM" if name != "fork" else "NEW")
     if json_output:
         parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
     parser.set_defaults(main=_run(command))
@@ -600,6 +633,16 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
 
 
 def _register(commands: argparse._SubParsersAction[Any]) -> None:
+    parser = _add(commands, "ls", ls, "list the streams whose paths start with PREFIX", positional="prefix")
+    parser.add_argument("prefix", nargs="?", default="", metavar="PREFIX", help="[default: every stream]")
+    parser.add_argument("-l", "--long", action="store_true", help="status, bytes, created, type, path")
+    parser.add_argument("--limit", type=int, help="list at most this many [default: all, page after page]")
+    parser.description = (
+        "List the streams whose paths start with PREFIX (GET <url>/__ds/streams, a page of 1,000 at a "
+        "time): one path a line, --long, or --json (one object a line). With a token, only the "
+        "streams it may read."
+    )
+
     _add(commands, "info", info, "show a stream's content type, next offset, closure, TTL/expiry")
 
     parser = _add(commands, "cat", cat, "print a stream from an offset to its current end", json_output=False)

@@ -104,6 +104,10 @@ def serve(settings: config.Settings) -> None:
         supervisor = Supervisor(embedded, lambda _: os.kill(os.getpid(), signal.SIGTERM))
         supervisor.start()
     try:
+        if supervisor is not None:
+            # Its own Redis: no gateway of another build shares it, so its key layout is
+            # brought up to this build's here (with a Redis of its own, `migrate` does it).
+            migrate.migrate_own(redis_url, lambda line: log.info("key %s", line))
         if settings.workers > 1:
             _run_gunicorn(settings, redis_url, embedded=supervisor is not None)
             return

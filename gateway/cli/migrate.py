@@ -2,20 +2,23 @@
 
 Gateways and workers refuse to start on a layout older than theirs (and on a
 newer one); this runs the steps between, one at a time under a lock
-(gateway/storage/layout.py). Today there are none: it reports that layout v1
-is current (and stamps a Redis that has no version yet).
+(gateway/storage/layout.py) and reports each, then that the layout is current (it
+stamps a Redis that has no version yet).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
+from collections.abc import Callable
 from typing import Any
 
 from .. import config
 from ..storage import layout
 from ..storage.client import general
 from ..storage.preflight import reason
+from ..telemetry import logs
 from .embedded import redis_url_or_running
 
 SETTINGS = ("redis_url", "redis_cluster", "data_dir", "redis_timeout", "log_level", "log_format")
@@ -30,19 +33,46 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
         "--redis-url it uses the embedded Redis of a `durable-streams serve` on the same --data-dir.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
+    parser.add_argument(
+        "--reindex",
+        action="store_true",
+        help="then list in the stream index every stream missing there (idempotent): run it once "
+        "gateways of a build from before layout v2 are all gone (streams they made are unlisted)",
+    )
     config.add_arguments(parser, SETTINGS)
-    parser.set_defaults(run=run)
+    parser.set_defaults(main=main)
 
 
-def run(settings: config.Settings) -> None:
-    redis_url = redis_url_or_running(settings.redis_url, settings.data_dir)
-    asyncio.run(_migrate(redis_url, settings.redis_cluster, settings.redis_timeout))
+def main(ns: argparse.Namespace) -> int:
+    settings = config.from_namespace(ns)
+    logs.configure(settings.log_level, settings.log_format)
+    try:
+        redis_url = redis_url_or_running(settings.redis_url, settings.data_dir)
+        asyncio.run(_migrate(redis_url, settings.redis_cluster, settings.redis_timeout, ns.reindex))
+    except RuntimeError as exc:  # a refusal, said in one line
+        print(f"durable-streams: {exc}", file=sys.stderr)
+        return 1
+    return 0
 
 
-async def _migrate(url: str, cluster: bool, timeout: float) -> None:
+def migrate_own(url: str, say: Callable[[str], None]) -> None:
+    """The embedded Redis of ``durable-streams serve`` (its own: no other build's gateways
+    share it) brought up to this build's layout at start, instead of refusing."""
+    asyncio.run(_migrate(url, False, 10.0, False, say))
+
+
+def _print(line: str) -> None:
+    print(line, flush=True)
+
+
+async def _migrate(
+    url: str, cluster: bool, timeout: float, reindex: bool, say: Callable[[str], None] = _print
+) -> None:
     client = general(url, cluster=cluster, socket_timeout=timeout, socket_connect_timeout=timeout)
     try:
-        await layout.migrate(client, lambda line: print(line, flush=True))
+        await layout.migrate(client, say)
+        if reindex:
+            say(f"reindexed: {await layout.index_streams(client)} stream(s) added to the index")
     except layout.Mismatch:
         raise
     except Exception as exc:  # unreachable, refused, ...: one line, exit code 1

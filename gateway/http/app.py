@@ -30,7 +30,7 @@ from ..storage.scripts import connect_scripts, replica_ack
 from ..storage.store import Store
 from ..telemetry import metrics
 from ..telemetry.logs import QUIET_MALFORMED, RateLimited
-from . import handlers, subscriptions
+from . import handlers, listing, subscriptions
 from .accesslog import AccessLog
 from .bodies import BodyBudget
 from .context import GATEWAY, Gateway
@@ -350,7 +350,8 @@ def create_app(
     for path, handler in (("/healthz", healthz), ("/readyz", readyz), ("/metrics", metrics_page)):
         name = path.strip("/")
         _add_routes(app, path, name, {"GET": handler, "HEAD": handler}, _admit_ops(name), access=access)
-    for name, path, methods in subscriptions.routes(settings.prefix):
+    # The reserved namespace ({prefix}/__ds/) is routed before the streams.
+    for name, path, methods in [*listing.routes(settings.prefix), *subscriptions.routes(settings.prefix)]:
         _add_routes(app, path, name, methods, storage=True, access=access)
     streams = settings.prefix.rstrip("/") + "/{path:.*}"
     _add_routes(app, streams, _stream_route, stream, Guard.admit_stream, storage=True, access=access)

@@ -108,31 +108,48 @@ class Guard:
     async def admit_path(self, request: web.Request, path: str, scope: Scope) -> None:
         """Origin, then credentials and ``scope`` on ``path``, then rate limits: a stream's
         request, or a subscription API's (its path: ``__ds/subscriptions/<id>``)."""
-        method = request.method
-        if method == "OPTIONS":  # a preflight carries no credentials: answered for anyone
+        if request.method == "OPTIONS":  # a preflight carries no credentials: answered for anyone
             return
+        self._check_host_and_origin(request)
+        if self.auth is None and self.limiter is None:
+            return
+        principal = await self._principal(request, scope, path)
+        access.check(principal, scope, path)
+        request[PRINCIPAL] = principal
+        await self.limit(request, principal, scope, path)
+
+    async def admit_listing(self, request: web.Request, prefix: str) -> Principal:
+        """A listing of ``prefix`` (http/listing.py): like a read of it, except that
+        credentials covering part of it (or none) are not refused here: the listing
+        shows what they may read. Rate limited as a read of the prefix."""
+        self._check_host_and_origin(request)
+        principal = await self._principal(request, "read", prefix)
+        request[PRINCIPAL] = principal
+        await self.limit(request, principal, "read", prefix)
+        return principal
+
+    def _check_host_and_origin(self, request: web.Request) -> None:
         if self.local_names is not None:
             host = request.host
             if not browser.local_host(host) and host.lower() not in self.local_names:
                 raise ProtocolError(403, "this server answers only to localhost (access control is off)")
-        if method in _WRITES:
+        if request.method in _WRITES:
             origin = request.headers.get("Origin")
             if origin is not None:
                 same = browser.same_origin(origin, request.host, self.settings.public_url)
                 browser.check_origin(self.cors, origin, same)
-        if self.auth is None and self.limiter is None:
-            return
-        principal = OPEN
-        if self.auth is not None:
-            try:
-                principal = await self.auth.principal(request, path)
-            except ProtocolError as exc:  # bad credentials: charged as anonymous, then refused
-                if exc.status == 401:
-                    await self.limit(request, self.auth.nobody(request), scope, path)
-                raise
-            access.check(principal, scope, path)
-            request[PRINCIPAL] = principal
-        await self.limit(request, principal, scope, path)
+
+    async def _principal(self, request: web.Request, scope: Scope, path: str) -> Principal:
+        """Who the request acts as (OPEN without access control); bad credentials are
+        charged to the rate limits as anonymous, then refused (401)."""
+        if self.auth is None:
+            return OPEN
+        try:
+            return await self.auth.principal(request, path)
+        except ProtocolError as exc:
+            if exc.status == 401:
+                await self.limit(request, self.auth.nobody(request), scope, path)
+            raise
 
     async def admit_ops(self, request: web.Request, route: str) -> None:
         """/metrics, /healthz, /readyz: only on the admin listener when there is one;

@@ -129,8 +129,7 @@ def archive_hint_keys(cluster: bool) -> list[str]:
 def archive_hint_shard(sid: str, shards: int) -> int:
     """Which of ``shards`` hint keys holds the stream's hints: by the slot of its keys
     (a stable hash of its id), the part of the slots it falls in."""
-    slot = key_slot(stream_keys(sid)[0].encode("utf-8", "surrogatepass"))
-    return slot * shards // REDIS_CLUSTER_HASH_SLOTS
+    return stream_slot(sid) * shards // REDIS_CLUSTER_HASH_SLOTS
 
 
 def split_segments_key(key: str) -> tuple[str, str]:
@@ -209,11 +208,21 @@ def subs_outbox(sid: str, cluster: bool) -> str:
     """The outbox a stream's appends record wakes in: on Redis Cluster its slot's."""
     if not cluster:
         return SUBS_OUTBOX
-    return _outbox_of_slot(key_slot(stream_keys(sid)[0].encode("utf-8", "surrogatepass")))
+    return _outbox_of_slot(stream_slot(sid))
 
 
 def _outbox_of_slot(slot: int) -> str:
-    return f"{SUBS_OUTBOX}:{{{_slot_tags()[slot]}}}"
+    return _of_slot(SUBS_OUTBOX, slot)
+
+
+def _of_slot(name: str, slot: int) -> str:
+    """``name`` for one Cluster slot: ``<name>:{<a tag in that slot>}``."""
+    return f"{name}:{{{_slot_tags()[slot]}}}"
+
+
+def stream_slot(sid: str) -> int:
+    """The Cluster slot of a stream's keys."""
+    return key_slot(stream_keys(sid)[0].encode("utf-8", "surrogatepass"))
 
 
 def outbox_keys(cluster: bool, slots: list[int] | None = None) -> list[str]:
@@ -221,6 +230,24 @@ def outbox_keys(cluster: bool, slots: list[int] | None = None) -> list[str]:
     if not cluster:
         return [SUBS_OUTBOX]
     return [_outbox_of_slot(s) for s in (range(REDIS_CLUSTER_HASH_SLOTS) if slots is None else slots)]
+
+
+# -- the stream index (storage/listing.py) ------------------------------------------
+
+
+# Every live stream (sorted set, score 0, member: stream id, so ZRANGE BYLEX reads
+# them by path), written by create.lua and delete.lua in the stream's own slot: one
+# key on one Redis; on Redis Cluster one per slot (``stream_index``), like the outboxes.
+STREAM_INDEX = f"{PREFIX}:index"
+
+
+def stream_index(sid: str, cluster: bool) -> str:
+    """The index that lists a stream: on Redis Cluster its slot's."""
+    return index_of_slot(stream_slot(sid)) if cluster else STREAM_INDEX
+
+
+def index_of_slot(slot: int) -> str:
+    return _of_slot(STREAM_INDEX, slot)
 
 
 def sub_id(sub: str) -> str:

@@ -17,7 +17,10 @@ A layout change ships as a step in ``STEPS`` (``STEPS[v]`` turns layout v into
 v + 1) and a higher ``CURRENT``. ``migrate`` runs the steps in order under a
 lock (one migration at a time) and raises the version after each, so an
 interrupted migration resumes at the step it was in: each step must be safe
-to run again. Today there are none.
+to run again.
+
+v1 -> v2: the stream index (``keys.STREAM_INDEX``, read by the listing) lists the
+streams made before create.lua kept it.
 """
 
 from __future__ import annotations
@@ -27,19 +30,40 @@ import contextlib
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 
+from redis.asyncio import RedisCluster
 from redis.exceptions import WatchError
 
 from ..telemetry.logs import OneLineError
 from . import keys
-from .client import Client, every_node
+from .client import Client, every_node, scan_pages
+from .scripts import source
 
-CURRENT = 1  # the newest layout this build reads and writes
+CURRENT = 2  # the newest layout this build reads and writes
 PRE_VERSIONING = 1  # the layout of data written before the marker existed
 LOCK_SECONDS = 60.0  # the migration lock's expiry, renewed every third of it while steps run
 
-Step = Callable[[Client], Awaitable[None]]
+Step = Callable[[Client], Awaitable[object]]
+
+
+async def index_streams(redis: Client) -> int:
+    """List every stream in the stream index (GET __ds/streams), those made before it too.
+    Returns how many were missing there."""
+    added = 0
+    cluster = isinstance(redis, RedisCluster)
+    sha = await redis.script_load(source("index_add", cluster))  # on every primary of a cluster
+    async for page in scan_pages(redis, keys.META_PATTERN):
+        if not page:
+            continue
+        async with redis.pipeline(transaction=False) as pipe:  # a page's keys in one round trip (per node)
+            for key in page:
+                sid = keys.key_stream_id(key.decode() if isinstance(key, bytes) else key)
+                pipe.evalsha(sha, 6, *keys.stream_keys(sid), keys.stream_index(sid, cluster))
+            added += sum(int(n) for n in await pipe.execute())
+    return added
+
+
 # STEPS[v]: turns layout v into v + 1 (its docstring says what, for migrate's output).
-STEPS: dict[int, Step] = {}
+STEPS: dict[int, Step] = {1: index_streams}
 
 
 class Mismatch(OneLineError):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, TypeVar, cast
@@ -35,7 +35,7 @@ from ..protocol.models import text
 from ..telemetry import metrics
 from . import client, keys
 from .client import NotSent, connect, every_node
-from .routing import ClusterRoute, DirectRoute, Route, did_not_run
+from .routing import ClusterRoute, DirectRoute, Queue, Route, did_not_run
 
 log = logging.getLogger(__name__)
 PACKAGE = "durable_streams_lua"
@@ -47,6 +47,10 @@ NAMES = (
     "delete",
     "fork_ref",
     "release_fork",
+    # the stream index (storage/listing.py): the listing's look at a stream it found
+    # there, and migrate's step that lists streams made before the index (layout.py)
+    "stream_info",
+    "index_add",
     # the archive worker's (KEYS: the stream's five, its lease and (not archive_lease)
     # its incarnation's segment set; fenced by the lease)
     "archive_lease",
@@ -82,6 +86,7 @@ NAMES = (
 WRITES = frozenset(NAMES) - {
     "read",
     "read_range",
+    "stream_info",
     "archive_named",
     "archive_check",
     "rate_limit",
@@ -299,54 +304,104 @@ class Scripts:
         A call the pipeline's node did not run (its slot moved meanwhile, or the node lacks
         the script) is sent again on its own (``call``, redirects followed); a pipeline
         that failed after sending leaves all its calls' outcomes unknown."""
-        if not isinstance(self.route, ClusterRoute) or len(calls) == 1:
+        if len(calls) == 1:
             done = await asyncio.gather(*(self.run(name, k, a) for k, a in calls), return_exceptions=True)
             return list(done)
-        route = self.route
-        by_node: dict[str, list[int]] = {}
-        for i, (script_keys, _) in enumerate(calls):
-            try:
-                node = await route.node_of(script_keys[0])
-            except NotSent:
-                node = ""  # not known now: sent on its own, which waits for the cluster
-            by_node.setdefault(node, []).append(i)
-        results: list[Any] = [None] * len(calls)
+        ack = self._ack(name)
 
-        async def alone(indexes: list[int]) -> None:
-            done = await asyncio.gather(*(self.run(name, *calls[i]) for i in indexes), return_exceptions=True)
+        def queue(pipe: Pipeline, group: Sequence[int]) -> None:
+            self._queue(pipe, name, [calls[i] for i in group])
+
+        def answers(replies: list[Any]) -> list[Any]:
+            missing = ack.shortfall(name, replies.pop()) if ack is not None else None
+            return [missing if missing and not isinstance(r, Exception) else r for r in replies]
+
+        return await self._grouped(
+            name,
+            [k[0] for k, _ in calls],
+            queue,
+            answers,
+            lambda i: self.run(name, *calls[i]),
+        )
+
+    async def command_each(self, commands: Sequence[tuple[str, Sequence[Any]]]) -> list[Any]:
+        """Plain commands, each (key, [command, args...]): on one Redis in one pipeline, on
+        a cluster one pipeline per node (as ``run_each``). Each command's reply in order,
+        or the exception it failed with."""
+
+        def queue(pipe: Pipeline, group: Sequence[int]) -> None:
+            for i in group:
+                pipe.execute_command(*commands[i][1])
+
+        return await self._grouped(
+            "commands",
+            [key for key, _ in commands],
+            queue,
+            lambda replies: replies,
+            lambda i: self.command(commands[i][0], *commands[i][1]),
+        )
+
+    async def _grouped(
+        self,
+        name: str,
+        first_keys: Sequence[str],
+        queue: Callable[[Pipeline, Sequence[int]], None],
+        answers: Callable[[list[Any]], list[Any]],
+        alone: Callable[[int], Awaitable[Any]],
+    ) -> list[Any]:
+        """Calls sent by node: ``queue`` puts a group's calls on a pipeline, ``answers``
+        turns its replies into the calls' results, ``alone(i)`` sends call i by itself
+        (redirects followed) when its node did not run it or is not known now."""
+        results: list[Any] = [None] * len(first_keys)
+
+        async def one_by_one(indexes: list[int]) -> None:
+            done = await asyncio.gather(*(alone(i) for i in indexes), return_exceptions=True)
             for i, result in zip(indexes, done, strict=True):
                 results[i] = result
 
-        async def together(indexes: list[int]) -> None:
+        async def together(indexes: list[int], send: Callable[[Queue], Awaitable[list[Any]]]) -> None:
             if len(indexes) == 1:
-                return await alone(indexes)
-            group = [calls[i] for i in indexes]
-            ack = self._ack(name)
-
+                return await one_by_one(indexes)
             try:
-                replies = await timed(
-                    name, route.send_once(group[0][0][0], lambda pipe: self._queue(pipe, name, group))
-                )
+                replies = await timed(name, send(lambda pipe: queue(pipe, indexes)))
             except NotSent:
-                return await alone(indexes)  # none was sent
+                return await one_by_one(indexes)  # none was sent
             except Exception as exc:
                 for i in indexes:
                     results[i] = exc
                 return None
-            missing = ack.shortfall(name, replies.pop()) if ack is not None else None
             again = []
-            for i, reply in zip(indexes, replies, strict=True):
+            for i, reply in zip(indexes, answers(list(replies)), strict=True):
                 if did_not_run(reply) or isinstance(reply, NoScriptError):
                     again.append(i)
-                elif isinstance(reply, Exception):
-                    results[i] = reply
                 else:
-                    results[i] = missing or reply
+                    results[i] = reply
             if again:
-                await alone(again)
+                await one_by_one(again)
             return None
 
-        await asyncio.gather(*(alone(ix) if not node else together(ix) for node, ix in by_node.items()))
+        everything = list(range(len(first_keys)))
+        route = self.route
+        if not isinstance(route, ClusterRoute):
+            await together(everything, lambda q: route.pipeline(first_keys[0], q, raise_on_error=False))
+            return results
+        by_node: dict[str, list[int]] = {}
+        for i, key in enumerate(first_keys):
+            try:
+                node = await route.node_of(key)
+            except NotSent:
+                node = ""  # not known now: sent on its own, which waits for the cluster
+            by_node.setdefault(node, []).append(i)
+
+        def sender(key: str) -> Callable[[Queue], Awaitable[list[Any]]]:
+            return lambda q: route.send_once(key, q)
+
+        await asyncio.gather(
+            *(
+                one_by_one(ix) if not node else together(ix, sender(first_keys[ix[0]]))
+                for node, ix in by_node.items()
+            )
+        )
         return results
 
     async def on_stream(self, name: str, sid: str, *args: Any) -> Any:

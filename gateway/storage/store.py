@@ -28,6 +28,7 @@ from . import keys
 from .appends import Appends
 from .forks import ForkPlan, Forks
 from .hints import Hints
+from .listing import Listing
 from .outcomes import not_found
 from .reads import Reads
 from .scripts import Scripts
@@ -50,6 +51,7 @@ class Store:
         self.appends = Appends(self.scripts, self.hints, notice_payload_bytes)
         self.forks = Forks(self.scripts, self.reads, max_chunk_bytes)
         self.subscriptions = Subscriptions(scripts)
+        self.listing = Listing(scripts)
         if scripts.cluster:
             keys.subs_outbox(
                 "", cluster=True
@@ -131,8 +133,15 @@ class Store:
         return status == "created", Meta.parse(sid, result[1])
 
     def keys_with_subscribers(self, sid: str) -> list[str]:
-        """A stream's keys, its subscription links and its slot's outbox (create.lua, delete.lua)."""
-        return [*keys.stream_keys(sid), keys.stream_subs(sid), keys.subs_outbox(sid, self.scripts.cluster)]
+        """A stream's keys, its subscription links, its slot's stream index and outbox
+        (create.lua, delete.lua)."""
+        cluster = self.scripts.cluster
+        return [
+            *keys.stream_keys(sid),
+            keys.stream_subs(sid),
+            keys.stream_index(sid, cluster),
+            keys.subs_outbox(sid, cluster),
+        ]
 
     async def delete(self, sid: str) -> None:
         result = await self.scripts.run("delete", self.keys_with_subscribers(sid), [keys.SUBS_WAKE_CHANNEL])

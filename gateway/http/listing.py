@@ -1,0 +1,65 @@
+"""``GET {prefix}/__ds/streams``: the streams that exist, by path prefix, a page at a
+time (protocol/listing.py: query and cursor; storage/listing.py: the index).
+
+Under the protocol's reserved namespace (``__ds/``, where the subscription APIs live):
+no stream can be named there, so the route never shadows one, and it sits beside the
+other control APIs under the same prefix (and proxy rules). The answer follows the
+shape of Ursula's bucket listing (``streams``, ``next_cursor``, ``has_more``; fields
+in ``_item``).
+
+Access control: a credential lists only streams it may read (its grants narrow the
+prefixes read; each path is checked). A request without credentials that may read
+nothing there gets 401.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from ..protocol import offsets
+from ..protocol.listing import check_listable, encode_cursor, parse_query, readable_prefixes
+from ..storage import keys
+from ..storage.listing import Listed
+from .context import gateway_of
+
+RESERVED = "__ds"
+
+
+async def list_streams(request: web.Request) -> web.Response:
+    gw = gateway_of(request)
+    listing = gw.store.listing
+    query = parse_query(request.query, listing.parts)
+    principal = await gw.guard.admit_listing(request, query.prefix)
+    prefixes = readable_prefixes(principal, query.prefix)
+    check_listable(principal, prefixes)
+    page = await listing.page(prefixes, query.start, query.limit, lambda path: principal.allows("read", path))
+    body = {
+        "prefix": query.prefix,
+        "streams": [_item(listed) for listed in page.streams],
+        "next_cursor": None if page.next is None else encode_cursor(page.next, listing.parts),
+        "has_more": page.next is not None,
+    }
+    return web.json_response(body, headers={"Cache-Control": "no-store"})
+
+
+def _item(listed: Listed) -> dict[str, Any]:
+    meta = listed.meta
+    return {
+        "path": listed.path,
+        "status": "closed" if meta.closed else "open",
+        "content_type": meta.content_type,
+        "tail_offset": offsets.encode(meta.tail),
+        "bytes": meta.tail,  # what a read from the start covers (a fork's inherited bytes too)
+        "created_at_ms": int(meta.created),
+        "last_write_at_ms": listed.last_write_ms,
+        "expires_at_ms": listed.expires_at_ms,
+        "ttl_seconds": meta.ttl,
+        "forked_from": keys.path_of(meta.source) if meta.source else None,
+    }
+
+
+def routes(prefix: str) -> list[tuple[str, str, dict[str, Any]]]:
+    """(route name, path, handlers by method), routed before the streams' route."""
+    return [("list", f"{prefix.rstrip('/')}/{RESERVED}/streams", {"GET": list_streams})]

@@ -1,0 +1,123 @@
+"""Listing streams from the stream index (``keys.STREAM_INDEX``), for
+``GET {prefix}/__ds/streams`` (http/listing.py).
+
+create.lua adds a stream to its slot's index and delete.lua takes it out, in the same
+script as the change itself; a stream that expired (Redis dropped its keys, no script
+ran) is taken out when a listing finds it gone (stream_info.lua). A page walks the
+index parts in order (protocol/listing.py): the ids after its start position, a few
+parts at a time (more while they come back empty), then each candidate's metadata,
+in one pipeline per node. No SCAN: a page costs the entries it lists (plus the dead
+or unreadable ones it passes, at most ``MAX_INSPECTED``) and, on Redis Cluster, one
+ZRANGE per part it crosses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from redis.crc import REDIS_CLUSTER_HASH_SLOTS
+
+from ..protocol.listing import Position, lex_range
+from ..protocol.models import Meta, text
+from . import keys
+from .scripts import Scripts
+
+# Index entries one page looks at before it answers with what it found (dead streams,
+# or streams the credential may not read, pass without being listed).
+MAX_INSPECTED = 10_000
+MAX_WIDTH = 1024  # index parts read in one round (Redis Cluster: slots)
+
+
+@dataclass(frozen=True)
+class Listed:
+    path: str
+    meta: Meta
+    expires_at_ms: int | None
+    last_write_ms: int | None  # the newest entry still in Redis (None: none there)
+
+
+@dataclass(frozen=True)
+class Page:
+    streams: list[Listed]
+    next: Position | None  # where the next page starts; None: nothing after this one
+
+
+class Listing:
+    def __init__(self, scripts: Scripts) -> None:
+        self.scripts = scripts
+        self.parts = REDIS_CLUSTER_HASH_SLOTS if scripts.cluster else 1
+
+    def _index(self, part: int) -> str:
+        return keys.index_of_slot(part) if self.scripts.cluster else keys.STREAM_INDEX
+
+    async def page(
+        self, prefixes: list[str], start: Position, limit: int, visible: Callable[[str], bool]
+    ) -> Page:
+        """Up to ``limit`` live streams whose paths start with one of ``prefixes``
+        (sorted, none inside another) and ``visible`` allows, from ``start`` on."""
+        found: list[tuple[Position, Listed]] = []
+        position, width, inspected = start, 1, 0
+        wanted = [keys.stream_id(p).encode("utf-8", "surrogatepass") for p in prefixes]
+        while position.part < self.parts and inspected < MAX_INSPECTED:
+            want = limit + 1 - len(found)
+            parts = range(position.part, min(self.parts, position.part + width))
+            candidates = (await self._ids(parts, position, wanted, want))[:want]
+            if len(candidates) < want:  # every part of this round read to its end
+                width = min(width * 2, MAX_WIDTH)
+                end = Position(parts.stop)
+            infos = await self.scripts.run_each(
+                "stream_info",
+                [([*keys.stream_keys(sid), self._index(part)], []) for part, sid in candidates],
+            )
+            for (part, sid), info in zip(candidates, infos, strict=True):
+                if isinstance(info, Exception):
+                    raise info
+                inspected += 1
+                position = Position(part, keys.path_of(sid))
+                if text(info[0]) == "ok" and visible(position.after or ""):
+                    found.append((position, _listed(sid, info)))
+                    if len(found) > limit:
+                        return Page([listed for _, listed in found[:limit]], found[limit - 1][0])
+            if len(candidates) < want:
+                position = end
+        more = position.part < self.parts
+        return Page([listed for _, listed in found], position if more else None)
+
+    async def _ids(
+        self, parts: range, position: Position, prefixes: list[bytes], want: int
+    ) -> list[tuple[int, str]]:
+        """(part, stream id) of up to ``want`` index entries per part and prefix after
+        ``position``, in listing order."""
+        commands: list[tuple[str, list[object]]] = []
+        owners: list[int] = []
+        for part in parts:
+            after = None
+            if part == position.part and position.after is not None:
+                after = keys.stream_id(position.after).encode("utf-8", "surrogatepass")
+            index = self._index(part)
+            for prefix in prefixes:
+                bounds = lex_range(prefix, after)
+                if bounds is not None:
+                    commands.append((index, ["ZRANGE", index, *bounds, "BYLEX", "LIMIT", 0, want]))
+                    owners.append(part)
+        ids: list[tuple[int, str]] = []
+        for part, reply in zip(owners, await self.scripts.command_each(commands), strict=True):
+            if isinstance(reply, Exception):
+                raise reply
+            ids.extend((part, text(sid)) for sid in reply)
+        return ids
+
+
+def _listed(sid: str, info: list[Any]) -> Listed:
+    """From stream_info.lua's {'ok', meta, last entry's time}."""
+    flat = info[1]
+    fields = {text(flat[i]): text(flat[i + 1]) for i in range(0, len(flat), 2)}
+    last = text(info[2]) if len(info) > 2 and info[2] else ""
+    return Listed(
+        path=keys.path_of(sid),
+        meta=Meta.parse(sid, flat),
+        expires_at_ms=int(fields["exp"]) if fields.get("exp") else None,
+        last_write_ms=int(last) if last else None,
+    )
