@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 import aiohttp
@@ -134,6 +135,38 @@ async def test_shared_reads_never_go_back_in_time() -> None:
     gate.set()
     assert [await t for t in (first, same_moment, later, also_later)] == ["first", "first", "later", "later"]
     assert calls == ["first", "later"]
+
+
+async def test_a_shared_read_that_fails_after_its_waiters_left_is_not_reported_unretrieved() -> None:
+    """Every waiter of a shared read gone (clients left), then the read fails (the stream
+    was deleted): nothing for asyncio to log as "exception was never retrieved"."""
+    import gc
+
+    from gateway.concurrency.singleflight import SingleFlight
+
+    flights: SingleFlight[str] = SingleFlight()
+    gate = asyncio.Event()
+    unretrieved: list[dict[str, object]] = []
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda _, context: unretrieved.append(context))
+
+    async def read() -> str:
+        await gate.wait()
+        raise LookupError("stream not found")
+
+    try:
+        waiter = asyncio.create_task(flights.run("k", read))
+        await asyncio.sleep(0)
+        waiter.cancel()  # the only client leaves
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiter
+        gate.set()
+        for _ in range(3):
+            await asyncio.sleep(0)
+        gc.collect()
+        assert not unretrieved, unretrieved
+    finally:
+        loop.set_exception_handler(None)
 
 
 async def test_appends_to_many_streams_go_in_one_call_each_checked_alone(http, url, redis) -> None:

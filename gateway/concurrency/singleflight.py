@@ -39,3 +39,8 @@ class SingleFlight(Generic[T]):
     def _forget(self, key: Hashable, flight: tuple[asyncio.Future[T], float]) -> None:
         if self._inflight.get(key) is flight:  # a newer call may have taken the key meanwhile
             del self._inflight[key]
+        future = flight[0]
+        if not future.cancelled():
+            # Retrieved here: when every waiter has gone (clients left while it failed, e.g.
+            # the stream deleted), asyncio would log "exception was never retrieved".
+            future.exception()
