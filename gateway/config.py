@@ -51,6 +51,7 @@ class Settings:
     # the archive (serve reads it; `durable-streams archive` writes it)
     archive_url: str | None = None
     archive_hints: bool = True
+    stream_registry: bool = False  # storage/registry.py: a __registry__ stream of creates and deletes
     archive_cache_bytes: int = 128 * 1024 * 1024
     archive_hot_bytes: int = 1024 * 1024
     archive_hot_seconds: float = 300.0
@@ -84,6 +85,7 @@ class Settings:
     rate_limits: str = ""
     max_live_connections: int = 20000
     max_live_per_credential: int = 1000
+    console: str = "auto"  # the web console (gateway/http/console.py): auto, on or off
     # subscriptions (README, Subscriptions): the API on every gateway, delivery by
     # `durable-streams deliver` workers
     webhook_allow: str = ""
@@ -195,6 +197,9 @@ HELP = {
     "a signed URL's signature, redacted), status, bytes, duration, client address",
     "archive_url": "where archived Parquet files live: a directory or an fsspec URL such as "
     "s3://bucket/prefix (needs s3fs); unset: <data-dir>/archive",
+    "stream_registry": "keep a __registry__ JSON stream of every create and delete, as upstream's "
+    "reference server does (its test UI finds streams so); best effort: GET <prefix>/__ds/streams is "
+    "the exact listing",
     "archive_hints": "tell archive workers which streams got appends (one Redis call per second per "
     "process); turn off when no archive worker runs, so hints do not pile up in Redis",
     "archive_cache_bytes": "memory for archive files decoded for cold reads (per process)",
@@ -250,6 +255,8 @@ HELP = {
     "max_live_connections": "live reads (SSE, long-poll) one process holds at once; more get 503",
     "max_live_per_credential": "live reads one credential (or anonymous client address) may "
     "hold on one process; more get 503",
+    "console": "serve the web console at <prefix>/__ds/console/: on, off, or auto (on unless access "
+    "control is on without --auth-signing-key-file: its live tail needs signed URLs)",
     "webhook_allow": "webhook targets exempt from the SSRF rules (https only, public addresses only): "
     "comma-separated networks and host names, e.g. '127.0.0.0/8,localhost,*.svc.cluster.local' (they "
     "may use http:// and private addresses); checked at creation and at every delivery",
@@ -284,6 +291,7 @@ def flag_name(field_name: str) -> str:
 Parse = Callable[[str], object]
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
+CONSOLE_MODES = ("auto", "on", "off")
 REDIS_SCHEMES = ("redis", "rediss", "unix")
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
@@ -382,6 +390,7 @@ PARSERS: dict[str, Parse] = {
     "prefix": _url_prefix,
     "log_level": _log_level,
     "log_format": _one_of(*LOG_FORMATS),
+    "console": _one_of(*CONSOLE_MODES),
     "workers": _whole(1),
     "redis_max_connections": _whole(1),
     "max_body_bytes": _whole(1),

@@ -151,6 +151,8 @@ def test_the_image_entrypoint_runs_from_the_wheel(tmp_path, redis_url) -> None:
                 time.sleep(0.1)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics") as r:
             assert b"ds_http_requests_total" in r.read()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/stream/__ds/console/console.js") as r:
+            assert r.status == 200 and b"import" in r.read()  # the web console's files are in the wheel
         which = subprocess.run([python, "-c", "import gateway; print(gateway.__file__)"], env=env,
                                cwd=tmp_path, capture_output=True, text=True, check=True).stdout  # fmt: skip
         assert which.startswith(site), "ran the repository, not the wheel"

@@ -271,3 +271,72 @@ async def test_pages_on_a_cluster_cover_every_slot_once(
         async with http.delete(f"{base}/{paths[0]}") as r:
             assert r.status in (200, 204)
         assert sorted(await _walk(http, base, p, 9)) == sorted(paths[1:])
+
+
+async def test_the_registry_stream_records_creates_and_deletes(
+    redis_url: str, http: aiohttp.ClientSession
+) -> None:
+    """--stream-registry: __registry__ holds upstream's change events, in order; an idempotent
+    PUT adds none; the materialized state (as upstream's test UI builds it) is what exists."""
+    p = f"reg-{uuid.uuid4().hex[:8]}"
+    async with serving(redis_url, stream_registry=True) as base:
+        await _put(http, f"{base}/{p}/1")
+        await _put(http, f"{base}/{p}/2", {"Content-Type": "application/json"}, b"[]")
+        await _put(http, f"{base}/{p}/1")  # exists alike: no event
+        async with http.delete(f"{base}/{p}/1") as r:
+            assert r.status == 204
+        async with http.get(f"{base}/__registry__", params={"offset": "-1"}) as r:
+            assert r.status == 200 and r.headers["Content-Type"] == "application/json"
+            events = [e for e in await r.json() if e["key"].startswith(f"{p}/")]
+    assert [(e["key"], e["headers"]["operation"]) for e in events] == [
+        (f"{p}/1", "insert"),
+        (f"{p}/2", "insert"),
+        (f"{p}/1", "delete"),
+    ]
+    assert events[1]["type"] == "streams" and events[1]["value"]["contentType"] == "application/json"
+    assert isinstance(events[1]["value"]["createdAt"], int)
+    state: dict[str, Any] = {}
+    for e in events:
+        if e["headers"]["operation"] == "delete":
+            state.pop(e["key"], None)
+        else:
+            state[e["key"]] = e["value"]
+    assert list(state) == [f"{p}/2"]
+
+
+async def test_one_stream_with_its_producers(
+    redis_url: str, http: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    p = f"one-{uuid.uuid4().hex[:8]}"
+    entries = [{"name": "r", "token": "t-reader-0123456789abcdef", "grants": f"admin:{p}/a"}]
+    (tmp_path / "tokens.json").write_text(json.dumps({"tokens": entries}))
+    auth = {"Authorization": "Bearer t-reader-0123456789abcdef"}
+    async with serving(redis_url, auth_tokens_file=str(tmp_path / "tokens.json")) as base:
+        await _put(http, f"{base}/{p}/a", auth)
+        for producer, epoch, seq in (
+            ("w-2", 0, 0),
+            ("w-1", 3, 0),
+            ("w-1", 3, 1),
+            ("w-2", 0, 1),
+            ("w-2", 0, 2),
+        ):
+            headers = {
+                **TEXT,
+                **auth,
+                "Producer-Id": producer,
+                "Producer-Epoch": str(epoch),
+                "Producer-Seq": str(seq),
+            }
+            async with http.post(f"{base}/{p}/a", headers=headers, data=b"x") as r:
+                assert r.status in (200, 204), await r.text()
+        async with http.get(f"{base}/__ds/streams/{p}/a", headers=auth) as r:
+            assert r.status == 200, await r.text()
+            one = await r.json()
+        assert one["path"] == f"{p}/a" and one["bytes"] == 6 and one["producer_count"] == 2
+        assert one["producers"] == [{"id": "w-1", "epoch": 3, "seq": 1}, {"id": "w-2", "epoch": 0, "seq": 2}]
+        async with http.get(f"{base}/__ds/streams/{p}/a") as r:
+            assert r.status == 401  # no credentials
+        async with http.get(f"{base}/__ds/streams/{p}/a-missing", headers=auth) as r:
+            assert r.status == 404
+        async with http.get(f"{base}/__ds/streams/{p}/b", headers=auth) as r:
+            assert r.status == 403  # not its to read

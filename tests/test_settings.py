@@ -44,6 +44,8 @@ CASES = [
     (["serve", "--port", "http"], {}, "--port", "'http'"),
     (["serve", "--rate-limits", "read:chat/=5/fortnight"], {}, "--rate-limits", "'read:chat/=5/fortnight'"),
     (["serve", "--log-format", "yaml"], {}, "--log-format", "'yaml'"),
+    (["serve"], {"DURABLE_STREAMS_CONSOLE": "maybe"}, "--console", "'maybe'"),
+    (["serve", "--console", "yes"], {}, "--console", "'yes'"),
     (["archive"], {"DURABLE_STREAMS_ARCHIVE_STALL_SECONDS": "0"}, "--archive-stall-seconds", "'0'"),
     (["archive", "--metrics-port", "99999"], {}, "--metrics-port", "'99999'"),
     (["archive"], {"DURABLE_STREAMS_ARCHIVE_HOT_BYTES": "1MB"}, "--archive-hot-bytes", "'1MB'"),
@@ -126,3 +128,11 @@ def test_a_redis_password_never_reaches_the_error_line() -> None:
     for url in ("redis://default:hunter2@h:6379/0", "redis//default:hunter2@h:6379",
                 "default:hunter2@h:6379", "rediss://:hunter2@x@h:1/0"):  # fmt: skip
         assert "hunter2" not in shown("redis_url", url), url
+
+
+def test_console_is_auto_on_or_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--console / DURABLE_STREAMS_CONSOLE: auto by default, any case, the flag winning."""
+    assert config.from_env().console == "auto"
+    monkeypatch.setenv("DURABLE_STREAMS_CONSOLE", " OFF ")
+    assert config.from_env().console == "off"
+    assert config.from_namespace(build_parser().parse_args(["serve", "--console", "On"])).console == "on"

@@ -30,7 +30,7 @@ from ..storage.scripts import connect_scripts, replica_ack
 from ..storage.store import Store
 from ..telemetry import metrics
 from ..telemetry.logs import QUIET_MALFORMED, RateLimited
-from . import handlers, listing, subscriptions
+from . import console, handlers, listing, subscriptions
 from .accesslog import AccessLog
 from .bodies import BodyBudget
 from .context import GATEWAY, Gateway
@@ -301,6 +301,7 @@ def create_app(
             webhook_policy=parse_allow_list(settings.webhook_allow),
         )
         store.hints.enabled = settings.archive_hints
+        store.registry.enabled = settings.stream_registry
         app[HINTS_TASK] = asyncio.create_task(store.hints.run())
         if not await preflight.attempt():  # a refusal is raised: the start fails
             log.warning(
@@ -351,7 +352,11 @@ def create_app(
         name = path.strip("/")
         _add_routes(app, path, name, {"GET": handler, "HEAD": handler}, _admit_ops(name), access=access)
     # The reserved namespace ({prefix}/__ds/) is routed before the streams.
-    for name, path, methods in [*listing.routes(settings.prefix), *subscriptions.routes(settings.prefix)]:
+    for name, path, methods in [
+        *console.routes(settings),
+        *listing.routes(settings.prefix),
+        *subscriptions.routes(settings.prefix),
+    ]:
         _add_routes(app, path, name, methods, storage=True, access=access)
     streams = settings.prefix.rstrip("/") + "/{path:.*}"
     _add_routes(app, streams, _stream_route, stream, Guard.admit_stream, storage=True, access=access)

@@ -1,5 +1,6 @@
 """``GET {prefix}/__ds/streams``: the streams that exist, by path prefix, a page at a
-time (protocol/listing.py: query and cursor; storage/listing.py: the index).
+time (protocol/listing.py: query and cursor; storage/listing.py: the index); and
+``GET {prefix}/__ds/streams/{path}``: one of them, with its producers' state.
 
 Under the protocol's reserved namespace (``__ds/``, where the subscription APIs live):
 no stream can be named there, so the route never shadows one, and it sits beside the
@@ -19,10 +20,12 @@ from typing import Any
 from aiohttp import web
 
 from ..protocol import offsets
+from ..protocol.errors import ProtocolError
 from ..protocol.listing import check_listable, encode_cursor, parse_query, readable_prefixes
 from ..storage import keys
 from ..storage.listing import Listed
 from .context import gateway_of
+from .handlers import stream_name
 
 RESERVED = "__ds"
 
@@ -44,6 +47,22 @@ async def list_streams(request: web.Request) -> web.Response:
     return web.json_response(body, headers={"Cache-Control": "no-store"})
 
 
+async def one_stream(request: web.Request) -> web.Response:
+    """``GET {prefix}/__ds/streams/{path}``: one stream as the listing shows it, with its
+    idempotent producers' state (id, epoch, last sequence number accepted; at most 1,000,
+    ``producer_count`` says how many there are). Needs read access to the stream."""
+    gw = gateway_of(request)
+    path = stream_name(request.match_info["path"], gw.settings.max_path_bytes)
+    await gw.guard.admit_path(request, path, "read")
+    listed = await gw.store.listing.one(keys.stream_id(path))
+    if listed is None:
+        raise ProtocolError(404, "stream not found")
+    item = _item(listed)
+    item["producer_count"] = listed.producer_count
+    item["producers"] = [{"id": p.id, "epoch": p.epoch, "seq": p.seq} for p in listed.producers]
+    return web.json_response(item, headers={"Cache-Control": "no-store"})
+
+
 def _item(listed: Listed) -> dict[str, Any]:
     meta = listed.meta
     return {
@@ -62,4 +81,5 @@ def _item(listed: Listed) -> dict[str, Any]:
 
 def routes(prefix: str) -> list[tuple[str, str, dict[str, Any]]]:
     """(route name, path, handlers by method), routed before the streams' route."""
-    return [("list", f"{prefix.rstrip('/')}/{RESERVED}/streams", {"GET": list_streams})]
+    base = f"{prefix.rstrip('/')}/{RESERVED}/streams"
+    return [("list", base, {"GET": list_streams}), ("list", f"{base}/{{path:.+}}", {"GET": one_stream})]

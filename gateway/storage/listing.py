@@ -28,6 +28,14 @@ from .scripts import Scripts
 # or streams the credential may not read, pass without being listed).
 MAX_INSPECTED = 10_000
 MAX_WIDTH = 1024  # index parts read in one round (Redis Cluster: slots)
+MAX_PRODUCERS = 1000  # producers one stream's detail shows (its count says how many there are)
+
+
+@dataclass(frozen=True)
+class Producer:
+    id: str
+    epoch: int
+    seq: int  # the last sequence number accepted
 
 
 @dataclass(frozen=True)
@@ -36,6 +44,8 @@ class Listed:
     meta: Meta
     expires_at_ms: int | None
     last_write_ms: int | None  # the newest entry still in Redis (None: none there)
+    producer_count: int = 0  # asked for by ``one`` only
+    producers: tuple[Producer, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -69,7 +79,7 @@ class Listing:
                 end = Position(parts.stop)
             infos = await self.scripts.run_each(
                 "stream_info",
-                [([*keys.stream_keys(sid), self._index(part)], []) for part, sid in candidates],
+                [([*keys.stream_keys(sid), self._index(part)], [0]) for part, sid in candidates],
             )
             for (part, sid), info in zip(candidates, infos, strict=True):
                 if isinstance(info, Exception):
@@ -84,6 +94,13 @@ class Listing:
                 position = end
         more = position.part < self.parts
         return Page([listed for _, listed in found], position if more else None)
+
+    async def one(self, sid: str, producers: int = MAX_PRODUCERS) -> Listed | None:
+        """One stream as the listing shows it, with up to ``producers`` of its idempotent
+        producers' state; None when there is no live stream there."""
+        index = keys.stream_index(sid, self.scripts.cluster)
+        info = await self.scripts.run("stream_info", [*keys.stream_keys(sid), index], [producers])
+        return _listed(sid, info) if text(info[0]) == "ok" else None
 
     async def _ids(
         self, parts: range, position: Position, prefixes: list[bytes], want: int
@@ -115,9 +132,16 @@ def _listed(sid: str, info: list[Any]) -> Listed:
     flat = info[1]
     fields = {text(flat[i]): text(flat[i + 1]) for i in range(0, len(flat), 2)}
     last = text(info[2]) if len(info) > 2 and info[2] else ""
+    raw = info[4] if len(info) > 4 else []
+    producers = []
+    for i in range(0, len(raw), 2):
+        epoch, _, seq = text(raw[i + 1]).partition(":")
+        producers.append(Producer(text(raw[i]), int(epoch), int(seq)))
     return Listed(
         path=keys.path_of(sid),
         meta=Meta.parse(sid, flat),
         expires_at_ms=int(fields["exp"]) if fields.get("exp") else None,
         last_write_ms=int(last) if last else None,
+        producer_count=int(info[3]) if len(info) > 3 else 0,
+        producers=tuple(sorted(producers, key=lambda p: p.id)),
     )

@@ -31,6 +31,7 @@ from .hints import Hints
 from .listing import Listing
 from .outcomes import not_found
 from .reads import Reads
+from .registry import JSON, Registry, created_event, deleted_event
 from .scripts import Scripts
 from .subscriptions import Subscriptions
 
@@ -52,6 +53,7 @@ class Store:
         self.forks = Forks(self.scripts, self.reads, max_chunk_bytes)
         self.subscriptions = Subscriptions(scripts)
         self.listing = Listing(scripts)
+        self.registry = Registry(self._make_registry, self._registry_append)
         if scripts.cluster:
             keys.subs_outbox(
                 "", cluster=True
@@ -89,6 +91,15 @@ class Store:
         if added and not created:  # it existed: the record stays only if it is a pinning fork of this source
             await self.forks.release_unless_forked(sid, src, uid)
         return created, meta
+
+    async def _make_registry(self, sid: str) -> None:
+        try:
+            await self.create(sid, CreateSpec(content_type=JSON))
+        except ProtocolError:  # made otherwise by someone: its appends fail, and say so
+            pass
+
+    async def _registry_append(self, sid: str, event: bytes) -> None:
+        await self.append(sid, JSON, [event], close=False, stream_seq=None, producer=None)
 
     async def _create(
         self,
@@ -128,9 +139,13 @@ class Store:
         status = text(result[0])
         if status == "conflict":
             raise ProtocolError(409, "stream exists with a different configuration")
-        if status == "created" and spec.entries:
-            self.hints.mark(sid)
-        return status == "created", Meta.parse(sid, result[1])
+        meta = Meta.parse(sid, result[1])
+        if status == "created":
+            if spec.entries:
+                self.hints.mark(sid)
+            path = keys.path_of(sid)
+            await self.registry.record(sid, lambda: created_event(path, meta.content_type, int(meta.created)))
+        return status == "created", meta
 
     def keys_with_subscribers(self, sid: str) -> list[str]:
         """A stream's keys, its subscription links, its slot's stream index and outbox
@@ -148,6 +163,7 @@ class Store:
         status = text(result[0])
         if status in ("missing", "gone"):
             raise not_found(status)
+        await self.registry.record(sid, lambda: deleted_event(keys.path_of(sid)))
         if status == "deleted":
             await self.hints.forget(sid)
             await self.forks.release(sid, text(result[1]), text(result[2]))
