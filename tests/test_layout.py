@@ -136,3 +136,16 @@ async def test_the_migrate_command(client: aioredis.Redis, own_redis: EmbeddedRe
     out = _command("migrate", "--redis-url", f"redis://127.0.0.1:{free_port()}/0")
     assert out.returncode == 1 and out.stderr.count("\n") == 1, out.stderr
     assert out.stderr.startswith("durable-streams: migrate: redis: ") and "Traceback" not in out.stderr
+
+
+def test_the_command_line_and_the_migration_step_do_not_import_the_metrics() -> None:
+    """`serve --workers N` runs the embedded Redis' migration before it sets
+    PROMETHEUS_MULTIPROC_DIR, which prometheus-client reads once, at import: nothing on
+    that path may import it (else /metrics loses the workers' counts)."""
+    code = (
+        "import sys, gateway.cli.main, gateway.cli.migrate, gateway.storage.layout as l; "
+        "assert l.index_streams and 'prometheus_client' not in sys.modules, "
+        "[m for m in sys.modules if m.startswith('gateway')]"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr

@@ -11,6 +11,7 @@ import json
 import uuid
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 import pytest
@@ -21,6 +22,8 @@ from gateway.protocol import listing as rules
 from gateway.protocol.access import EVERYTHING, Grants, Principal
 from gateway.protocol.errors import ProtocolError
 from gateway.storage import keys, layout
+from gateway.storage.listing import IndexSweep, Listing, lex_range
+from gateway.storage.scripts import connect_scripts
 
 from .cluster import Cluster
 from .conftest import serving
@@ -35,7 +38,7 @@ def test_query_limits_and_defaults() -> None:
     assert rules.parse_query({"prefix": "a/", "limit": "7", "after": "a/3"}, 1) == rules.Query(
         "a/", rules.Position(0, "a/3"), 7
     )
-    for bad in ("0", "1001", "-1", "x", "1.5", "٣"):
+    for bad in ("0", "1001", "-1", "x", "1.5", "٣", "00001", "9" * 5000):
         with pytest.raises(ProtocolError) as refused:
             rules.parse_query({"limit": bad}, 1)
         assert refused.value.status == 400, bad
@@ -55,12 +58,12 @@ def test_cursors_round_trip_and_foreign_ones_are_refused() -> None:
 
 
 def test_lex_ranges() -> None:
-    assert rules.lex_range(b"", None) == (b"-", b"+")
-    assert rules.lex_range(b"", b"k") == (b"(k", b"+")
-    assert rules.lex_range(b"a/", None) == (b"[a/", b"[a/\xff")
-    assert rules.lex_range(b"a/", b"a/7") == (b"(a/7", b"[a/\xff")
-    assert rules.lex_range(b"a/", b"0") == (b"[a/", b"[a/\xff")  # a cursor before the prefix
-    assert rules.lex_range(b"a/", b"b") is None  # past every path with the prefix
+    assert lex_range(b"", None) == (b"-", b"+")
+    assert lex_range(b"", b"k") == (b"(k", b"+")
+    assert lex_range(b"a/", None) == (b"[a/", b"[a/\xff")
+    assert lex_range(b"a/", b"a/7") == (b"(a/7", b"[a/\xff")
+    assert lex_range(b"a/", b"0") == (b"[a/", b"[a/\xff")  # a cursor before the prefix
+    assert lex_range(b"a/", b"b") is None  # past every path with the prefix
 
 
 def test_what_a_credential_lists() -> None:
@@ -76,6 +79,8 @@ def test_what_a_credential_lists() -> None:
     signed = principal({"read": ("a/",)}, only="a/b")
     assert rules.readable_prefixes(signed, "") == ["a/b"]
     assert rules.readable_prefixes(principal({"read": ("z/",)}, only="a/b"), "") == []
+    many = principal({"read": tuple(f"t{n}/" for n in range(rules.MAX_PREFIXES + 1))})
+    assert rules.readable_prefixes(many, "t") == ["t"]  # too many ranges: one, each path checked
     with pytest.raises(ProtocolError) as refused:
         rules.check_listable(Principal("anonymous", Grants({}), anonymous=True), [])
     assert refused.value.status == 401
@@ -268,6 +273,9 @@ async def test_pages_on_a_cluster_cover_every_slot_once(
         page = await _page(http, base, prefix=p, limit=5)
         assert page["next_cursor"].startswith("c1.")
         await _page(http, base, 400, prefix=p, after=f"{p}/3")  # a path is no cluster cursor
+        nothing = await _page(http, base, prefix=f"{p}-none")  # every slot's index asked: in steps
+        assert nothing["streams"] == [] and nothing["has_more"]
+        assert await _walk(http, base, f"{p}-none", 10) == []
         async with http.delete(f"{base}/{paths[0]}") as r:
             assert r.status in (200, 204)
         assert sorted(await _walk(http, base, p, 9)) == sorted(paths[1:])
@@ -340,3 +348,106 @@ async def test_one_stream_with_its_producers(
             assert r.status == 404
         async with http.get(f"{base}/__ds/streams/{p}/b", headers=auth) as r:
             assert r.status == 403  # not its to read
+
+
+async def test_grants_whose_paths_sort_otherwise_than_their_ids(
+    redis_url: str, http: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    """Grants `x&` and `x{`: as paths `x&` < `x{`, as stream ids `x%7B` < `x&` (the index's
+    order). Every page walk lists each readable stream once (a review found pages
+    repeating one range and never reaching the other)."""
+    p = f"ord-{uuid.uuid4().hex[:8]}"
+    token = "t-grants-0123456789abcdef"
+    entries = [
+        {"name": "g", "token": token, "grants": f"read:{p}/x& read:{p}/x{{ read:{p}/%"},
+        {"name": "admin", "token": "t-admin-0123456789abcdef", "grants": "admin:"},
+    ]
+    (tmp_path / "tokens.json").write_text(json.dumps({"tokens": entries}))
+    auth, admin = {"Authorization": f"Bearer {token}"}, {"Authorization": "Bearer t-admin-0123456789abcdef"}
+    paths = [f"{p}/{stem}{n}" for stem in ("x&", "x{", "%") for n in ("", "1", "2", "3")]
+    async with serving(redis_url, auth_tokens_file=str(tmp_path / "tokens.json")) as base:
+        for path in [*paths, f"{p}/x", f"{p}/y"]:
+            await _put(http, f"{base}/{quote(path)}", admin)
+        for limit in (1, 2, 3, 5, 1000):
+            seen = await _walk(http, base, p, limit, auth)
+            assert seen == sorted(paths, key=_order), limit
+
+
+async def test_a_signed_url_lists_its_one_stream(
+    redis_url: str, http: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    p = f"sig-{uuid.uuid4().hex[:8]}"
+    token = "t-admin-0123456789abcdef"
+    (tmp_path / "tokens.json").write_text(
+        json.dumps({"tokens": [{"name": "a", "token": token, "grants": "admin:"}]})
+    )
+    (tmp_path / "signing.key").write_text("k" * 48)
+    settings = {
+        "auth_tokens_file": str(tmp_path / "tokens.json"),
+        "auth_signing_key_file": str(tmp_path / "signing.key"),
+    }
+    auth = {"Authorization": f"Bearer {token}"}
+    async with serving(redis_url, **settings) as base:
+        for path in (f"{p}/a", f"{p}/a0", f"{p}/a1"):
+            await _put(http, f"{base}/{path}", auth)
+        root = base.split("/v1/stream")[0]
+        async with http.post(f"{root}/auth/sign", json={"path": f"{p}/a"}, headers=auth) as r:
+            assert r.status == 200
+            signed = (await r.json())["url"]
+        query = dict(part.split("=", 1) for part in signed.split("?", 1)[1].split("&"))
+        page = await _page(http, base, prefix=f"{p}/a", **query)  # the signature covers the path given
+        assert [s["path"] for s in page["streams"]] == [f"{p}/a"] and not page["has_more"]
+        async with http.options(f"{base}/__ds/streams", headers={"Origin": "https://x.example"}) as r:
+            assert r.status == 204  # a browser's preflight before a listing with a token
+
+
+async def test_detail_shows_producers_to_writers_only(
+    redis_url: str, http: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    p = f"prod-{uuid.uuid4().hex[:8]}"
+    tokens = [
+        {"name": "w", "token": "t-writer-0123456789abcdef", "grants": f"admin:{p}/"},
+        {"name": "r", "token": "t-reader-0123456789abcdef", "grants": f"read:{p}/"},
+    ]
+    (tmp_path / "tokens.json").write_text(json.dumps({"tokens": tokens}))
+    writer, reader = ({"Authorization": f"Bearer {t['token']}"} for t in tokens)
+    async with serving(redis_url, auth_tokens_file=str(tmp_path / "tokens.json")) as base:
+        await _put(http, f"{base}/{p}/s", writer)
+        headers = {**TEXT, **writer, "Producer-Id": "w-1", "Producer-Epoch": "0", "Producer-Seq": "0"}
+        async with http.post(f"{base}/{p}/s", headers=headers, data=b"x") as r:
+            assert r.status == 200
+        for who, expected in ((writer, [{"id": "w-1", "epoch": 0, "seq": 0}]), (reader, None)):
+            async with http.get(f"{base}/__ds/streams/{p}/s", headers=who) as r:
+                one = await r.json()
+            assert one["producers"] == expected and one["producer_count"] == (1 if expected else None)
+
+
+async def test_the_sweep_takes_expired_streams_out_of_the_index(
+    own_redis: EmbeddedRedis, http: aiohttp.ClientSession
+) -> None:
+    async with serving(own_redis.url) as base:
+        for n in range(30):
+            await _put(http, f"{base}/sweep/{n:02d}", {"Stream-TTL": "1"} if n % 3 == 0 else {})
+    await asyncio.sleep(1.5)
+    scripts = connect_scripts(own_redis.url, cluster=False, max_connections=4, timeout=5.0)
+    try:
+        sweep = IndexSweep(Listing(scripts))
+        async with aioredis.Redis.from_url(own_redis.url) as client:
+            assert await client.zcard(keys.STREAM_INDEX) == 30
+            assert await sweep.once()
+            assert not await sweep.once()  # one sweep per interval, whoever takes it
+            assert await client.zcard(keys.STREAM_INDEX) == 20
+            assert not await client.exists(keys.INDEX_SWEEP_AT)  # it reached the end: round again
+    finally:
+        await scripts.aclose()
+
+
+async def test_the_registry_is_made_again_after_a_delete(redis_url: str, http: aiohttp.ClientSession) -> None:
+    p = f"reg2-{uuid.uuid4().hex[:8]}"
+    async with serving(redis_url, stream_registry=True) as base:
+        await _put(http, f"{base}/{p}/1")
+        async with http.delete(f"{base}/__registry__") as r:
+            assert r.status == 204
+        await _put(http, f"{base}/{p}/2")  # the first event after the delete is not lost
+        async with http.get(f"{base}/__registry__", params={"offset": "-1"}) as r:
+            assert [e["key"] for e in await r.json()] == [f"{p}/2"]

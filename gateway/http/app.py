@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 limited = RateLimited(log)
 CLEANUP_STEP_SECONDS = 5.0  # each shutdown step; none may hold a shutdown past its grace period
 HINTS_TASK = web.AppKey("hints_task", asyncio.Task)
+SWEEP_TASK = web.AppKey("sweep_task", asyncio.Task)
 PREFLIGHT_TASK = web.AppKey("preflight_task", asyncio.Task)
 EMBEDDED_REDIS = web.AppKey("embedded_redis", str)  # the URL of the Redis this server runs itself
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -303,6 +304,7 @@ def create_app(
         store.hints.enabled = settings.archive_hints
         store.registry.enabled = settings.stream_registry
         app[HINTS_TASK] = asyncio.create_task(store.hints.run())
+        app[SWEEP_TASK] = asyncio.create_task(store.index_sweep.run())
         if not await preflight.attempt():  # a refusal is raised: the start fails
             log.warning(
                 "redis not usable at start (%s): serving anyway; /readyz and stream requests answer "
@@ -322,6 +324,7 @@ def create_app(
         trying = app.get(PREFLIGHT_TASK)
         if trying is not None:
             trying.cancel()
+        app[SWEEP_TASK].cancel()
         gw.store.hints.stop()
         for name, step in (
             ("access control", gw.guard.close()),

@@ -1,6 +1,7 @@
 """``GET {prefix}/__ds/streams``: the streams that exist, by path prefix, a page at a
 time (protocol/listing.py: query and cursor; storage/listing.py: the index); and
-``GET {prefix}/__ds/streams/{path}``: one of them, with its producers' state.
+``GET {prefix}/__ds/streams/{path}``: one of them, with its producers' state (shown to
+credentials that may write the stream).
 
 Under the protocol's reserved namespace (``__ds/``, where the subscription APIs live):
 no stream can be named there, so the route never shadows one, and it sits beside the
@@ -9,8 +10,8 @@ shape of Ursula's bucket listing (``streams``, ``next_cursor``, ``has_more``; fi
 in ``_item``).
 
 Access control: a credential lists only streams it may read (its grants narrow the
-prefixes read; each path is checked). A request without credentials that may read
-nothing there gets 401.
+prefixes read; each path is checked; a signed URL lists its one stream). A request
+without credentials that may read nothing there gets 401.
 """
 
 from __future__ import annotations
@@ -20,14 +21,15 @@ from typing import Any
 from aiohttp import web
 
 from ..protocol import offsets
+from ..protocol.access import Principal
 from ..protocol.errors import ProtocolError
-from ..protocol.listing import check_listable, encode_cursor, parse_query, readable_prefixes
+from ..protocol.listing import Query, check_listable, encode_cursor, parse_query, readable_prefixes
 from ..storage import keys
-from ..storage.listing import Listed
+from ..storage.listing import MAX_PRODUCERS, Listed, Listing, Page
 from .context import gateway_of
-from .handlers import stream_name
-
-RESERVED = "__ds"
+from .guard import principal_of
+from .handlers import options_stream, stream_name
+from .subscriptions import RESERVED
 
 
 async def list_streams(request: web.Request) -> web.Response:
@@ -35,9 +37,14 @@ async def list_streams(request: web.Request) -> web.Response:
     listing = gw.store.listing
     query = parse_query(request.query, listing.parts)
     principal = await gw.guard.admit_listing(request, query.prefix)
-    prefixes = readable_prefixes(principal, query.prefix)
-    check_listable(principal, prefixes)
-    page = await listing.page(prefixes, query.start, query.limit, lambda path: principal.allows("read", path))
+    if principal.only_path is not None:  # a signed URL: its one stream, looked up exactly
+        page = Page(await _signed(listing, principal, query), None)
+    else:
+        prefixes = readable_prefixes(principal, query.prefix)
+        check_listable(principal, prefixes)
+        page = await listing.page(
+            prefixes, query.start, query.limit, lambda path: principal.allows("read", path)
+        )
     body = {
         "prefix": query.prefix,
         "streams": [_item(listed) for listed in page.streams],
@@ -47,6 +54,16 @@ async def list_streams(request: web.Request) -> web.Response:
     return web.json_response(body, headers={"Cache-Control": "no-store"})
 
 
+async def _signed(listing: Listing, principal: Principal, query: Query) -> list[Listed]:
+    path = principal.only_path or ""
+    if query.start.after is not None or not path.startswith(query.prefix):
+        return []
+    if not principal.allows("read", path):
+        return []
+    listed = await listing.one(keys.stream_id(path), producers=0)
+    return [] if listed is None else [listed]
+
+
 async def one_stream(request: web.Request) -> web.Response:
     """``GET {prefix}/__ds/streams/{path}``: one stream as the listing shows it, with its
     idempotent producers' state (id, epoch, last sequence number accepted; at most 1,000,
@@ -54,12 +71,16 @@ async def one_stream(request: web.Request) -> web.Response:
     gw = gateway_of(request)
     path = stream_name(request.match_info["path"], gw.settings.max_path_bytes)
     await gw.guard.admit_path(request, path, "read")
-    listed = await gw.store.listing.one(keys.stream_id(path))
+    # Producer ids and sequence numbers are the writers' business: shown to those who may write.
+    writer = principal_of(request).allows("write", path)
+    listed = await gw.store.listing.one(keys.stream_id(path), producers=MAX_PRODUCERS if writer else 0)
     if listed is None:
         raise ProtocolError(404, "stream not found")
     item = _item(listed)
-    item["producer_count"] = listed.producer_count
-    item["producers"] = [{"id": p.id, "epoch": p.epoch, "seq": p.seq} for p in listed.producers]
+    item["producer_count"] = listed.producer_count if writer else None
+    item["producers"] = (
+        [{"id": p.id, "epoch": p.epoch, "seq": p.seq} for p in listed.producers] if writer else None
+    )
     return web.json_response(item, headers={"Cache-Control": "no-store"})
 
 
@@ -82,4 +103,8 @@ def _item(listed: Listed) -> dict[str, Any]:
 def routes(prefix: str) -> list[tuple[str, str, dict[str, Any]]]:
     """(route name, path, handlers by method), routed before the streams' route."""
     base = f"{prefix.rstrip('/')}/{RESERVED}/streams"
-    return [("list", base, {"GET": list_streams}), ("list", f"{base}/{{path:.+}}", {"GET": one_stream})]
+    # OPTIONS: browsers on another origin send a preflight before a request with a token.
+    return [
+        ("list", base, {"GET": list_streams, "OPTIONS": options_stream}),
+        ("list", f"{base}/{{path:.+}}", {"GET": one_stream, "OPTIONS": options_stream}),
+    ]

@@ -9,6 +9,9 @@ A page walks the parts in order, each from where the last page stopped: a
 lists part by part (each part in path order), which costs a page about as many
 index reads as parts it crosses, not a merge of all 16,384 parts per page.
 
+Which index keys and ranges a page reads is storage/listing.py's (the index holds
+stream ids, whose byte order differs from the paths' where they percent-encode).
+
 The cursor handed to clients (``next_cursor``, given back as ``after``) is opaque:
 on one Redis it is the last path listed (any path works as ``after``: the streams
 after it), on a cluster the part and that path, base64url-encoded.
@@ -26,6 +29,7 @@ from .errors import bad_request
 
 MAX_LIMIT = 1000
 DEFAULT_LIMIT = 1000  # as Ursula's bucket listing
+MAX_PREFIXES = 32  # grant prefixes a listing reads apart (each an index range per part)
 _CLUSTER_CURSOR = "c1."  # a cluster cursor's mark (no path listed on one Redis needs to start so)
 
 
@@ -51,7 +55,12 @@ def parse_query(query: Mapping[str, str], parts: int) -> Query:
     raw_limit = query.get("limit", "")
     if raw_limit == "":
         limit = DEFAULT_LIMIT
-    elif not raw_limit.isascii() or not raw_limit.isdigit() or not 1 <= int(raw_limit) <= MAX_LIMIT:
+    elif (
+        len(raw_limit) > 4
+        or not raw_limit.isascii()
+        or not raw_limit.isdigit()
+        or not 1 <= int(raw_limit) <= MAX_LIMIT
+    ):
         raise bad_request(f"limit must be a whole number from 1 to {MAX_LIMIT}")
     else:
         limit = int(raw_limit)
@@ -86,24 +95,12 @@ def decode_cursor(cursor: str, parts: int) -> Position:
     return Position(number, after or None)
 
 
-def lex_range(prefix: bytes, after: bytes | None) -> tuple[bytes, bytes] | None:
-    """ZRANGE BYLEX bounds for the members that start with ``prefix`` and sort after
-    ``after`` (None: all of them); None when there are none. Members are UTF-8, in
-    which no byte is 0xFF: ``prefix + 0xFF`` sorts after every member with the prefix."""
-    high = b"[" + prefix + b"\xff" if prefix else b"+"
-    if after is None or after < prefix:
-        return (b"[" + prefix if prefix else b"-"), high
-    if not after.startswith(prefix):
-        return None  # past every member with the prefix
-    return b"(" + after, high
-
-
 def readable_prefixes(principal: Principal, prefix: str) -> list[str]:
     """The prefixes a listing of ``prefix`` reads, narrowed to what ``principal`` may
     read: ``[prefix]`` when it may read all of it, the grants inside it otherwise
-    (sorted, none inside another: their ranges are disjoint and in order), ``[]``
-    when it may read nothing there. Each listed path is still checked
-    (``Principal.allows``): a signed URL's grant covers one path only."""
+    (none inside another: their ranges are disjoint), ``[]`` when it may read nothing
+    there; more than ``MAX_PREFIXES`` grants: ``[prefix]`` (each path is checked anyway,
+    ``Principal.allows``). A signed URL's grant covers one path only: see ``only_path``."""
     held: set[str] = set()
     for scope in SCOPES:  # every scope covers read
         held.update(principal.grants.prefixes.get(scope, ()))
@@ -111,7 +108,8 @@ def readable_prefixes(principal: Principal, prefix: str) -> list[str]:
         held = {principal.only_path} if any(principal.only_path.startswith(p) for p in held) else set()
     if any(prefix.startswith(grant) for grant in held):
         return [prefix]
-    return _outermost(grant for grant in held if grant.startswith(prefix))
+    inside = _outermost(grant for grant in held if grant.startswith(prefix))
+    return [prefix] if len(inside) > MAX_PREFIXES else inside
 
 
 def _outermost(prefixes: Iterable[str]) -> list[str]:

@@ -241,6 +241,12 @@ def outbox_keys(cluster: bool, slots: list[int] | None = None) -> list[str]:
 STREAM_INDEX = f"{PREFIX}:index"
 
 
+# Taken (SET NX, expiring) by the gateway that sweeps the index this interval, and where
+# the last sweep stopped (a listing cursor): storage/listing.py IndexSweep.
+INDEX_SWEEP = f"{PREFIX}:index-sweep"
+INDEX_SWEEP_AT = f"{PREFIX}:index-sweep:at"
+
+
 def stream_index(sid: str, cluster: bool) -> str:
     """The index that lists a stream: on Redis Cluster its slot's."""
     return index_of_slot(stream_slot(sid)) if cluster else STREAM_INDEX

@@ -36,6 +36,7 @@ from redis.exceptions import WatchError
 from ..telemetry.logs import OneLineError
 from . import keys
 from .client import Client, every_node, scan_pages
+from .lua import source
 
 CURRENT = 2  # the newest layout this build reads and writes
 PRE_VERSIONING = 1  # the layout of data written before the marker existed
@@ -48,10 +49,6 @@ async def index_streams(redis: Client) -> int:
     """List every stream in the stream index (GET __ds/streams), those made before it too.
     Returns how many were missing there."""
     added = 0
-    # Imported here: scripts.py imports the metrics, and the command line imports this module
-    # before `serve --workers N` sets PROMETHEUS_MULTIPROC_DIR (read once, at import).
-    from .scripts import source
-
     cluster = isinstance(redis, RedisCluster)
     sha = await redis.script_load(source("index_add", cluster))  # on every primary of a cluster
     async for page in scan_pages(redis, keys.META_PATTERN):

@@ -8,25 +8,42 @@ index parts in order (protocol/listing.py): the ids after its start position, a 
 parts at a time (more while they come back empty), then each candidate's metadata,
 in one pipeline per node. No SCAN: a page costs the entries it lists (plus the dead
 or unreadable ones it passes, at most ``MAX_INSPECTED``) and, on Redis Cluster, one
-ZRANGE per part it crosses.
+ZRANGE per part it crosses (at most ``MAX_RANGES``).
+
+``IndexSweep``: a stream that expired leaves an entry only a listing would meet; one
+gateway at a time walks the index a little every half minute, so such entries do not
+pile up where nobody lists.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import random
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS
 
-from ..protocol.listing import Position, lex_range
+from ..protocol.errors import ProtocolError
+from ..protocol.listing import Position, decode_cursor, encode_cursor
 from ..protocol.models import Meta, text
+from ..telemetry.logs import RateLimited
 from . import keys
 from .scripts import Scripts
+
+log = logging.getLogger(__name__)
+limited = RateLimited(log)
 
 # Index entries one page looks at before it answers with what it found (dead streams,
 # or streams the credential may not read, pass without being listed).
 MAX_INSPECTED = 10_000
+# Index reads (ZRANGE of one part, one prefix) one page may send: on Redis Cluster a narrow
+# prefix finds nothing in most of the 16,384 parts; past this, the page answers with
+# what it found and a cursor at the next part.
+MAX_RANGES = 4096
 MAX_WIDTH = 1024  # index parts read in one round (Redis Cluster: slots)
 MAX_PRODUCERS = 1000  # producers one stream's detail shows (its count says how many there are)
 
@@ -63,16 +80,26 @@ class Listing:
         return keys.index_of_slot(part) if self.scripts.cluster else keys.STREAM_INDEX
 
     async def page(
-        self, prefixes: list[str], start: Position, limit: int, visible: Callable[[str], bool]
+        self,
+        prefixes: list[str],
+        start: Position,
+        limit: int,
+        visible: Callable[[str], bool],
+        budget: int = MAX_INSPECTED,
     ) -> Page:
-        """Up to ``limit`` live streams whose paths start with one of ``prefixes``
-        (sorted, none inside another) and ``visible`` allows, from ``start`` on."""
+        """Up to ``limit`` live streams whose paths start with one of ``prefixes`` (none
+        inside another) and ``visible`` allows, from ``start`` on. A page ends early
+        (``next`` says where to go on) after ``budget`` index entries or ``MAX_RANGES``
+        index reads, whatever it found by then."""
         found: list[tuple[Position, Listed]] = []
-        position, width, inspected = start, 1, 0
-        wanted = [keys.stream_id(p).encode("utf-8", "surrogatepass") for p in prefixes]
-        while position.part < self.parts and inspected < MAX_INSPECTED:
-            want = limit + 1 - len(found)
+        position, width, inspected, asked = start, 1, 0, 0
+        # In the index's order (stream ids: '%', '{', '}' percent-encoded), not the paths'.
+        wanted = sorted(encoded(p) for p in prefixes)
+        while wanted and position.part < self.parts and inspected < budget and asked < MAX_RANGES:
+            want = min(limit + 1 - len(found), budget - inspected)
+            width = max(1, min(width, (MAX_RANGES - asked) // len(wanted)))
             parts = range(position.part, min(self.parts, position.part + width))
+            asked += len(parts) * len(wanted)
             candidates = (await self._ids(parts, position, wanted, want))[:want]
             if len(candidates) < want:  # every part of this round read to its end
                 width = min(width * 2, MAX_WIDTH)
@@ -92,7 +119,7 @@ class Listing:
                         return Page([listed for _, listed in found[:limit]], found[limit - 1][0])
             if len(candidates) < want:
                 position = end
-        more = position.part < self.parts
+        more = bool(wanted) and position.part < self.parts
         return Page([listed for _, listed in found], position if more else None)
 
     async def one(self, sid: str, producers: int = MAX_PRODUCERS) -> Listed | None:
@@ -112,7 +139,7 @@ class Listing:
         for part in parts:
             after = None
             if part == position.part and position.after is not None:
-                after = keys.stream_id(position.after).encode("utf-8", "surrogatepass")
+                after = encoded(position.after)
             index = self._index(part)
             for prefix in prefixes:
                 bounds = lex_range(prefix, after)
@@ -125,6 +152,23 @@ class Listing:
                 raise reply
             ids.extend((part, text(sid)) for sid in reply)
         return ids
+
+
+def encoded(path: str) -> bytes:
+    """A path as the index holds it: its stream id's bytes."""
+    return keys.stream_id(path).encode("utf-8", "surrogatepass")
+
+
+def lex_range(prefix: bytes, after: bytes | None) -> tuple[bytes, bytes] | None:
+    """ZRANGE BYLEX bounds for the members that start with ``prefix`` and sort after
+    ``after`` (None: all of them); None when there are none. Members are UTF-8, in
+    which no byte is 0xFF: ``prefix + 0xFF`` sorts after every member with the prefix."""
+    high = b"[" + prefix + b"\xff" if prefix else b"+"
+    if after is None or after < prefix:
+        return (b"[" + prefix if prefix else b"-"), high
+    if not after.startswith(prefix):
+        return None  # past every member with the prefix
+    return b"(" + after, high
 
 
 def _listed(sid: str, info: list[Any]) -> Listed:
@@ -145,3 +189,44 @@ def _listed(sid: str, info: list[Any]) -> Listed:
         producer_count=int(info[3]) if len(info) > 3 else 0,
         producers=tuple(sorted(producers, key=lambda p: p.id)),
     )
+
+
+SWEEP_SECONDS = 30.0  # how often one gateway walks a part of the index
+SWEEP_ENTRIES = 2000  # index entries one sweep looks at (a million streams: a round in ~4 h)
+
+
+class IndexSweep:
+    """Takes the entries of expired streams out of the stream index where no listing
+    passes: every ``SWEEP_SECONDS`` one gateway (whoever takes ``keys.INDEX_SWEEP``
+    first) looks at the next ``SWEEP_ENTRIES`` entries with stream_info.lua, which drops
+    those whose stream is gone, from where the last sweep stopped (``INDEX_SWEEP_AT``)
+    round and round."""
+
+    def __init__(self, listing: Listing) -> None:
+        self.listing = listing
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(SWEEP_SECONDS * random.uniform(0.8, 1.2))
+            try:
+                await self.once()
+            except Exception as exc:  # Redis away: the next round tries again
+                limited.log(logging.WARNING, "sweep", "stream index sweep: %s", exc)
+
+    async def once(self) -> bool:
+        """One sweep, if no other gateway made one in this interval; whether it did."""
+        redis = self.listing.scripts.redis
+        if not await redis.set(keys.INDEX_SWEEP, uuid.uuid4().hex, nx=True, ex=int(SWEEP_SECONDS)):
+            return False
+        parts = self.listing.parts
+        raw = await redis.get(keys.INDEX_SWEEP_AT)
+        try:
+            start = decode_cursor(text(raw), parts) if raw else Position(0)
+        except ProtocolError:  # written by a deployment of another shape: start over
+            start = Position(0)
+        page = await self.listing.page([""], start, SWEEP_ENTRIES, lambda _: False, budget=SWEEP_ENTRIES)
+        if page.next is None:
+            await redis.delete(keys.INDEX_SWEEP_AT)  # the end: from the start next time
+        else:
+            await redis.set(keys.INDEX_SWEEP_AT, encode_cursor(page.next, parts))
+        return True

@@ -17,6 +17,7 @@ import json
 import logging
 from collections.abc import Awaitable, Callable
 
+from ..protocol.errors import ProtocolError
 from ..telemetry.logs import RateLimited
 from . import keys
 
@@ -63,7 +64,12 @@ class Registry:
             if not self._made:
                 await self._create(REGISTRY_ID)
                 self._made = True
-            await self._append(REGISTRY_ID, event())
-        except Exception as exc:  # the registry stream deleted, closed, Redis away...
-            self._made = False  # made again next time, if it was deleted
+            try:
+                await self._append(REGISTRY_ID, event())
+            except ProtocolError as exc:
+                if exc.status not in (404, 410):
+                    raise
+                await self._create(REGISTRY_ID)  # someone deleted it: made again, this event first
+                await self._append(REGISTRY_ID, event())
+        except Exception as exc:  # closed or made otherwise by someone, Redis away...
             limited.log(logging.WARNING, "registry", "__registry__ event not recorded: %s", exc)

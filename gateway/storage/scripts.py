@@ -1,11 +1,6 @@
-"""The Lua scripts, loaded once and called by SHA.
-
-They ship as the package ``durable_streams_lua``: the repository's ``lua/``
-directory, mapped to that name in pyproject.toml, read with importlib.resources
-(from the source tree in an editable install, from the wheel otherwise). Each
-script gets ``_prelude.lua`` put in front of it, so shared helpers are written
-once. A script that Redis has forgotten (a restart, a failover, a node that
-never had it) is loaded again and called again: ``NOSCRIPT`` means it did not run.
+"""The Lua scripts, loaded once and called by SHA (their text: lua.py). A script that
+Redis has forgotten (a restart, a failover, a node that never had it) is loaded again
+and called again: ``NOSCRIPT`` means it did not run.
 
 On one Redis without ``--min-replicas-ack``, a script is one EVALSHA on the
 pool (redis-py's Script object). Otherwise it goes through a ``Route``
@@ -21,7 +16,6 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any, TypeVar, cast
 
 from redis.asyncio import Redis, RedisCluster
@@ -35,10 +29,10 @@ from ..protocol.models import text
 from ..telemetry import metrics
 from . import client, keys
 from .client import NotSent, connect, every_node
+from .lua import source
 from .routing import ClusterRoute, DirectRoute, Queue, Route, did_not_run
 
 log = logging.getLogger(__name__)
-PACKAGE = "durable_streams_lua"
 NAMES = (
     "create",
     "append",
@@ -93,19 +87,6 @@ WRITES = frozenset(NAMES) - {
     "stream_subs",
     "sub_get",
 }
-_CLUSTER_MARK = "local CLUSTER = false --[[cluster]]"
-
-
-def source(name: str, cluster: bool = False) -> str:
-    """A script's text as Redis gets it: the prelude, then the script. ``cluster``:
-    notices go out with sharded pub/sub where the server has it (``publish``)."""
-    folder = resources.files(PACKAGE)
-    prelude = (folder / "_prelude.lua").read_text()
-    if cluster:
-        prelude = prelude.replace(_CLUSTER_MARK, "local CLUSTER = true")
-    if name.startswith("sub_"):
-        prelude += "\n" + (folder / "_subs.lua").read_text()
-    return prelude + "\n" + (folder / f"{name}.lua").read_text()
 
 
 async def timed(name: str, call: Awaitable[Any]) -> Any:

@@ -28,7 +28,7 @@ from . import keys
 from .appends import Appends
 from .forks import ForkPlan, Forks
 from .hints import Hints
-from .listing import Listing
+from .listing import IndexSweep, Listing
 from .outcomes import not_found
 from .reads import Reads
 from .registry import JSON, Registry, created_event, deleted_event
@@ -53,6 +53,7 @@ class Store:
         self.forks = Forks(self.scripts, self.reads, max_chunk_bytes)
         self.subscriptions = Subscriptions(scripts)
         self.listing = Listing(scripts)
+        self.index_sweep = IndexSweep(self.listing)
         self.registry = Registry(self._make_registry, self._registry_append)
         if scripts.cluster:
             keys.subs_outbox(

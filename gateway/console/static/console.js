@@ -241,7 +241,7 @@ async function refresh() {
   if (info.ttl) facts.push(["Time to live", `${info.ttl} s (sliding)`]);
   if (info.expiresAt) facts.push(["Expires at", info.expiresAt]);
   const producers = entry && Array.isArray(entry.producers);
-  if (!producers) facts.push(["Producers", "not shown by this server"]);
+  if (!producers) facts.push(["Producers", entry ? "shown to credentials that may write this stream" : "not shown by this server"]);
   else if (!entry.producer_count) facts.push(["Producers", "none"]);
   $("meta").replaceChildren(...facts.flatMap(([name, value]) => [
     element("dt", { textContent: name }),
