@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import NoReturn
@@ -28,6 +29,7 @@ class Settings:
     data_dir: str = "./data"
     prefix: str = "/v1/stream"
     max_body_bytes: int = 4 * 1024 * 1024
+    max_snapshot_bytes: int = 128 * 1024 * 1024  # Ursula's snapshot blobs (http/snapshots.py)
     max_chunk_bytes: int = 4 * 1024 * 1024
     read_inline_bytes: int = 64 * 1024
     max_path_bytes: int = 1024
@@ -85,6 +87,10 @@ class Settings:
     rate_limits: str = ""
     max_live_connections: int = 20000
     max_live_per_credential: int = 1000
+    # write backpressure (storage/backpressure.py): writes pause before Redis is full
+    write_pause_memory: str = "90%"
+    write_pause_archive_lag: float = 0.0
+    write_pause_retry_after: int = 1
     console: str = "auto"  # the web console (gateway/http/console.py): auto, on or off
     # subscriptions (README, Subscriptions): the API on every gateway, delivery by
     # `durable-streams deliver` workers
@@ -163,6 +169,8 @@ HELP = {
     "data_dir": "where the embedded Redis keeps its data",
     "prefix": "URL prefix streams live under",
     "max_body_bytes": "largest request body accepted; larger ones get 413",
+    "max_snapshot_bytes": "largest snapshot blob accepted (PUT /{bucket}/{stream}/snapshot/{offset}); larger "
+    "ones get 413. Held in memory while it is stored: counted in --max-inflight-body-bytes",
     "max_chunk_bytes": "most bytes one read response returns (clients continue from Stream-Next-Offset)",
     "read_inline_bytes": "reads of byte streams longer than this fetch their data with a plain XRANGE "
     "after the script instead of through Lua (one more round trip; a quarter of Redis' work)",
@@ -255,6 +263,14 @@ HELP = {
     "max_live_connections": "live reads (SSE, long-poll) one process holds at once; more get 503",
     "max_live_per_credential": "live reads one credential (or anonymous client address) may "
     "hold on one process; more get 503",
+    "write_pause_memory": "refuse writes (PUT, POST with data: 503 + Retry-After) while Redis' used_memory "
+    "is above this, so the archive, deletes and reads keep room to work: a size (512mb, 2gb: redis.conf's "
+    "units) or a share of Redis' maxmemory (85%%; none when Redis has no maxmemory); on Redis Cluster per "
+    "primary (its streams pause). 0 or off: never",
+    "write_pause_archive_lag": "refuse writes while the stream that has waited longest for an archive "
+    "worker has waited this many seconds (ds_archive_lag_seconds; 0: never)",
+    "write_pause_retry_after": "the Retry-After, in seconds, of writes refused by --write-pause-memory or "
+    "--write-pause-archive-lag",
     "console": "serve the web console at <prefix>/__ds/console/: on, off, or auto (on unless access "
     "control is on without --auth-signing-key-file: its live tail needs signed URLs)",
     "webhook_allow": "webhook targets exempt from the SSRF rules (https only, public addresses only): "
@@ -369,6 +385,47 @@ def _url_prefix(raw: str) -> str:
     return raw
 
 
+# redis.conf's units (k = 1000, kb = 1024, ...) and the binary ones spelt out.
+_SIZE_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 2**10, "kib": 2**10, "m": 10**6, "mb": 2**20, "mib": 2**20}
+_SIZE_UNITS |= {"g": 10**9, "gb": 2**30, "gib": 2**30}
+_SIZE = re.compile(r"([0-9]+) *([a-z]*)")
+
+
+@dataclass(frozen=True)
+class MemoryMark:
+    """--write-pause-memory: ``bytes`` of used_memory, or a ``share`` of maxmemory; neither: off."""
+
+    bytes: int = 0
+    share: float = 0.0
+
+
+def memory_mark(raw: str) -> MemoryMark:
+    """``512mb``, ``2gb``, ``1073741824`` (bytes), ``85%`` (of maxmemory), or ``0``/``off``."""
+    text = raw.strip().lower().replace("_", "")
+    if text in ("0", "off"):
+        return MemoryMark()
+    if text.endswith("%"):
+        try:
+            percent = float(text[:-1])
+        except ValueError:
+            raise ValueError("is not a percentage (e.g. 90%)") from None
+        if not 0 < percent <= 100:  # NaN fails this too
+            raise ValueError("must be a percentage above 0 and at most 100")
+        return MemoryMark(share=percent / 100)
+    match = _SIZE.fullmatch(text)
+    if match is None or match.group(2) not in _SIZE_UNITS:
+        raise ValueError("is not a size (e.g. 512mb, 2gb), a share of maxmemory (e.g. 90%) or off")
+    size = int(match.group(1)) * _SIZE_UNITS[match.group(2)]
+    if size < _SIZE_UNITS["mb"]:  # e.g. "90" meant as 90%: every write would pause
+        raise ValueError("is below 1mb, which would pause every write (a share of maxmemory ends in %)")
+    return MemoryMark(bytes=size)
+
+
+def _memory_mark_text(raw: str) -> str:
+    memory_mark(raw)  # checked here; storage/backpressure.py reads it
+    return raw.strip().lower()
+
+
 def shown(name: str, raw: str) -> str:
     """A value as an error message may show it: a URL's password is not shown."""
     if name == "redis_url" and "@" in raw:
@@ -394,6 +451,7 @@ PARSERS: dict[str, Parse] = {
     "workers": _whole(1),
     "redis_max_connections": _whole(1),
     "max_body_bytes": _whole(1),
+    "max_snapshot_bytes": _whole(1),
     "max_chunk_bytes": _whole(1),
     "max_path_bytes": _whole(1),
     "max_json_messages": _whole(1),
@@ -401,6 +459,8 @@ PARSERS: dict[str, Parse] = {
     "archive_file_bytes": _whole(1),
     "webhook_concurrency": _whole(1),
     "subscription_max_streams": _whole(1),
+    "write_pause_memory": _memory_mark_text,
+    "write_pause_retry_after": _whole(1),
     **{
         name: _number(positive=True)
         for name in (
@@ -509,6 +569,8 @@ def conflict(settings: Settings) -> str | None:
         return "--redis-cluster: a Redis Cluster has database 0 only; drop the /<db> from --redis-url"
     if settings.min_replicas_ack and not url:
         return "--min-replicas-ack needs --redis-url: the embedded Redis has no replicas"
+    if settings.write_pause_archive_lag and not settings.archive_hints:
+        return "--write-pause-archive-lag needs --archive-hints: the lag is measured on the archive hints"
     if settings.min_replicas_ack and settings.min_replicas_ack_timeout >= settings.redis_timeout:
         return "--min-replicas-ack-timeout must be below --redis-timeout (the wait is part of the call)"
     return None

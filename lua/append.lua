@@ -1,7 +1,9 @@
 -- append.lua: POST. Appends that reached a gateway together
 -- (gateway/storage/appends.py), to one or more streams: each checked and applied in
--- order exactly as if it came alone (content type, closure, Stream-Seq and
--- idempotent producer checks), committed together with its data.
+-- order exactly as if it came alone (closure, content type, idempotent producer,
+-- If-Match, Stream-Expected-Offset and Stream-Seq checks, in that order: see
+-- append_one), committed together with its data. A condition is checked against the
+-- stream as the appends before it in the call left it.
 -- KEYS: the five stream keys (_prelude.lua) of each stream and its subscription
 --   links (keys.stream_subs), one stream after another, then the outbox of the
 --   slot (keys.subs_outbox). On Redis Cluster every stream of a call hashes to
@@ -11,7 +13,9 @@
 --   then per stream (in KEYS order): its number of appends, then per append:
 --   content type normalized ('' when the body is empty), '1' to close after
 --   appending, Stream-Seq ('' none), producer id ('' none), producer epoch,
---   producer seq, entry count k, and the k entries (none = close-only).
+--   producer seq, If-Match ('' none; else as gateway/protocol/conditions.py encodes
+--   it, see if_match), Stream-Expected-Offset as a position ('' none), entry count k,
+--   and the k entries (none = close-only).
 -- A stream with subscribers (its links exist) whose tail moved is put in the
 -- outbox for the subscription workers (workers/delivery.py), in this script: a
 -- crash after it cannot lose the wake; the first such append since the workers
@@ -28,7 +32,10 @@
 --   {'ok', tail, closed}            appended / closed
 --   {'dup', tail, closed, epoch, seq} producer retry, already applied
 --   {'closed', tail}                the stream is closed (409)
---   {'ct_mismatch'} {'seq_regress'} {'bad_epoch_seq'}
+--   {'precondition_failed', tail, created}  If-Match does not match (412)
+--   {'offset_conflict', tail, created}      the tail is not Stream-Expected-Offset (409)
+--   {'seq_regress', tail, created}          Stream-Seq does not increase (409)
+--   {'ct_mismatch'} {'bad_epoch_seq'}
 --   {'stale_epoch', epoch}  {'seq_gap', expected, received}
 --   {'missing'} {'gone'}
 --   {'error', 'none' | 'partial', message}  failed; 'none': nothing written
@@ -57,6 +64,22 @@ local function finish_stream(m, old_tail, was_closed, appended)
   end
 end
 
+-- If-Match against the stream `m` (open: a closed stream refused the append before):
+-- `spec` is '*' (the stream exists, as it does here), or items '<created>:<tail>:<closed>'
+-- separated by spaces, an empty created or closed matching any (a bare offset names the
+-- tail alone); '!' matches nothing. Strings compare exactly: the gateway sends created
+-- as an ETag names it and the tail as fmt() writes it.
+local function if_match(m, spec)
+  if spec == '*' then return true end
+  local closed = m.closed and '1' or '0'
+  for created, tail, c in string.gmatch(spec, '(%d*):(%d+):([01]?)') do
+    if tail == m.tail and (created == '' or created == m.created) and (c == '' or c == closed) then
+      return true
+    end
+  end
+  return false
+end
+
 -- The appends of the stream whose keys are bound now; `i` indexes its count in ARGV.
 -- Returns the ARGV index after its last append.
 local function append_stream(i)
@@ -67,7 +90,7 @@ local function append_stream(i)
     i = i + 1
     for _ = 1, count do
       results[#results + 1] = result
-      i = i + 7 + tonumber(ARGV[i + 6])
+      i = i + 9 + tonumber(ARGV[i + 8])
     end
     return i
   end
@@ -76,7 +99,7 @@ local function append_stream(i)
   local writing = false  -- set once an append has stored something: an error after it is 'partial'
   local function mark_writing() writing = true end
 
-  local function append_one(ctn, close, sseq, pid, ep, sq, first, last)
+  local function append_one(ctn, close, sseq, pid, ep, sq, im, eo, first, last)
     local has_data = last >= first
     local tuple = nil
     if pid ~= '' then tuple = pid .. '\n' .. ep .. '\n' .. sq end
@@ -103,7 +126,14 @@ local function append_stream(i)
         return {'seq_gap', '0', sq}
       end
     end
-    if sseq ~= '' and m.seq and not bytes_less(m.seq, sseq) then return {'seq_regress'} end
+    -- The conditions come after the producer checks, so a producer's retry of an append
+    -- that was stored is its duplicate (204) though the tail has moved since; and before
+    -- Stream-Seq, as upstream orders If-Match (412 before 409).
+    if im ~= '' and not if_match(m, im) then return {'precondition_failed', m.tail, m.created} end
+    if eo ~= '' and eo ~= m.tail then return {'offset_conflict', m.tail, m.created} end
+    if sseq ~= '' and m.seq and not bytes_less(m.seq, sseq) then
+      return {'seq_regress', m.tail, m.created}
+    end
 
     m.tail = fmt(add_entries(m, first, last, now, tuple and (ep .. ' ' .. sq .. ' ' .. pid), mark_writing))
     for i = first, last do appended[#appended + 1] = i end
@@ -121,11 +151,11 @@ local function append_stream(i)
 
   i = i + 1
   for _ = 1, count do
-    local first = i + 7
-    local last = first + tonumber(ARGV[i + 6]) - 1
+    local first = i + 9
+    local last = first + tonumber(ARGV[i + 8]) - 1
     writing = false
     local ok, result = pcall(append_one, ARGV[i], ARGV[i + 1] == '1', ARGV[i + 2], ARGV[i + 3], ARGV[i + 4],
-      ARGV[i + 5], first, last)
+      ARGV[i + 5], ARGV[i + 6], ARGV[i + 7], first, last)
     if not ok then
       result = {'error', writing and 'partial' or 'none', error_text(result)}
       redis.log(redis.LOG_WARNING, 'append failed: ' .. result[3])

@@ -14,7 +14,10 @@ for _, member in ipairs(redis.call('ZRANGEBYSCORE', segs, 0, '+inf')) do
   local to, last = string.match(member, '^%d+ (%d+) %d+ (%d+)')
   if tonumber(last) >= cutoff then break end
   redis.call('ZADD', segs, -2, member)
-  redis.call('HSET', META, 'floor', to)
+  -- never below a snapshot's floor (snapshot_set.lua): the floor only rises
+  if tonumber(to) > tonumber(redis.call('HGET', META, 'floor') or '0') then
+    redis.call('HSET', META, 'floor', to)
+  end
   dropped[#dropped + 1] = member
 end
 return {'ok', dropped}

@@ -8,7 +8,8 @@
 --   deleted stream leaves the pattern's; explicit links stay).
 -- ARGV: 1 the channel that wakes subscription workers.
 -- Returns {'deleted', source id or '', the source incarnation (meta 'src_uid')
---   or ''} | {'soft'} | {'missing'} | {'gone'}.
+--   or '', its snapshot's blob file (storage/snapshots.py) or ''} | {'soft'} |
+--   {'missing'} | {'gone'}.
 WAKE = ARGV[1]
 local INDEX = KEYS[7]
 return with_stream(now_ms(), function(m)
@@ -21,5 +22,5 @@ return with_stream(now_ms(), function(m)
     return {'soft'}
   end
   drop()
-  return {'deleted', m.src or '', m.src_uid or ''}
+  return {'deleted', m.src or '', m.src_uid or '', m.snap_file or ''}
 end)

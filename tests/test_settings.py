@@ -54,6 +54,11 @@ CASES = [
     (["deliver"], {"DURABLE_STREAMS_WEBHOOK_ALLOW": "10.0.0.1/8"}, "--webhook-allow", "'10.0.0.1/8'"),
     (["deliver", "--webhook-concurrency", "0"], {}, "--webhook-concurrency", "'0'"),
     (["deliver", "--webhook-timeout", "0"], {}, "--webhook-timeout", "'0'"),
+    (["serve"], {"DURABLE_STREAMS_WRITE_PAUSE_MEMORY": "lots"}, "--write-pause-memory", "'lots'"),
+    (["serve", "--write-pause-memory", "120%"], {}, "--write-pause-memory", "'120%'"),
+    (["serve", "--write-pause-memory", "1.5gb"], {}, "--write-pause-memory", "'1.5gb'"),
+    (["serve"], {"DURABLE_STREAMS_WRITE_PAUSE_ARCHIVE_LAG": "-1"}, "--write-pause-archive-lag", "'-1'"),
+    (["serve", "--write-pause-retry-after", "0"], {}, "--write-pause-retry-after", "'0'"),
 ]
 
 
@@ -136,3 +141,20 @@ def test_console_is_auto_on_or_off(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DURABLE_STREAMS_CONSOLE", " OFF ")
     assert config.from_env().console == "off"
     assert config.from_namespace(build_parser().parse_args(["serve", "--console", "On"])).console == "on"
+
+
+def test_write_pause_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--write-pause-*: 90% of maxmemory, no lag limit and Retry-After 1 by default; sizes in
+    redis.conf's units; a lag limit needs the archive hints it is measured on."""
+    settings = config.from_env()
+    assert (settings.write_pause_memory, settings.write_pause_archive_lag) == ("90%", 0.0)
+    assert settings.write_pause_retry_after == 1
+    assert config.memory_mark(settings.write_pause_memory) == config.MemoryMark(share=0.9)
+    monkeypatch.setenv("DURABLE_STREAMS_WRITE_PAUSE_MEMORY", " 2GB ")
+    monkeypatch.setenv("DURABLE_STREAMS_WRITE_PAUSE_ARCHIVE_LAG", "120")
+    settings = config.from_env()
+    assert settings.write_pause_memory == "2gb" and config.memory_mark("2gb").bytes == 2 << 30
+    assert settings.write_pause_archive_lag == 120.0 and config.conflict(settings) is None
+    args = build_parser().parse_args(["serve", "--write-pause-memory", "off", "--no-archive-hints"])
+    assert config.memory_mark(config.from_namespace(args).write_pause_memory) == config.MemoryMark()
+    assert "--archive-hints" in (config.conflict(config.from_namespace(args)) or "")

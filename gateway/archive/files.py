@@ -39,10 +39,15 @@ class Archive:
         sink = io.BytesIO()
         pq.write_table(table, sink, compression="zstd", row_group_size=rows)
         data = sink.getvalue()
+        self.put(file, data)
+        return len(data)
+
+    def put(self, file: str, data: bytes) -> None:
+        """Write ``data`` as ``file``, durably and whole (see the module)."""
         path = self.path(file)
         if not self.local:
             self.fs.pipe_file(path, data)
-            return len(data)
+            return
         folder, name = os.path.split(path)
         os.makedirs(folder, exist_ok=True)
         # Unique per write, not per process: two pods (both PID 1) may write one name at once
@@ -63,7 +68,10 @@ class Archive:
             os.fsync(dir_fd)  # the rename itself survives a crash
         finally:
             os.close(dir_fd)
-        return len(data)
+
+    def get(self, file: str) -> bytes:
+        """A file's bytes; FileNotFoundError when it is gone."""
+        return bytes(self.fs.cat_file(self.path(file)))
 
     def read(self, file: str, columns: list[str] | None = None) -> pa.Table:
         """A segment file's rows; FileNotFoundError when it is gone."""

@@ -22,6 +22,7 @@ from ..protocol import browser, caching
 from ..protocol.errors import ProtocolError
 from ..protocol.ssrf import parse_allow_list
 from ..storage import client as redis_client
+from ..storage.backpressure import WritePause
 from ..storage.fanout import Fanout
 from ..storage.outcomes import UNAVAILABLE
 from ..storage.preflight import Preflight
@@ -30,7 +31,7 @@ from ..storage.scripts import connect_scripts, replica_ack
 from ..storage.store import Store
 from ..telemetry import metrics
 from ..telemetry.logs import QUIET_MALFORMED, RateLimited
-from . import console, handlers, listing, subscriptions
+from . import buckets, console, handlers, listing, subscriptions
 from .accesslog import AccessLog
 from .bodies import BodyBudget
 from .context import GATEWAY, Gateway
@@ -41,6 +42,7 @@ limited = RateLimited(log)
 CLEANUP_STEP_SECONDS = 5.0  # each shutdown step; none may hold a shutdown past its grace period
 HINTS_TASK = web.AppKey("hints_task", asyncio.Task)
 SWEEP_TASK = web.AppKey("sweep_task", asyncio.Task)
+PAUSE_TASK = web.AppKey("pause_task", asyncio.Task)  # write backpressure's polls (storage/backpressure.py)
 PREFLIGHT_TASK = web.AppKey("preflight_task", asyncio.Task)
 EMBEDDED_REDIS = web.AppKey("embedded_redis", str)  # the URL of the Redis this server runs itself
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -291,7 +293,14 @@ def create_app(
         )
         fanout = Fanout(pubsub_client)
         await fanout.start()
-        guard.attach(RateLimiter(store.scripts))
+        pause = WritePause(
+            store.redis,
+            store.hints.hint_keys,
+            memory=settings.write_pause_memory,
+            archive_lag=settings.write_pause_archive_lag,
+            retry_after=settings.write_pause_retry_after,
+        )
+        guard.attach(RateLimiter(store.scripts), pause)
         app[GATEWAY] = Gateway(
             settings=settings,
             store=store,
@@ -305,6 +314,7 @@ def create_app(
         store.registry.enabled = settings.stream_registry
         app[HINTS_TASK] = asyncio.create_task(store.hints.run())
         app[SWEEP_TASK] = asyncio.create_task(store.index_sweep.run())
+        app[PAUSE_TASK] = asyncio.create_task(pause.run())
         if not await preflight.attempt():  # a refusal is raised: the start fails
             log.warning(
                 "redis not usable at start (%s): serving anyway; /readyz and stream requests answer "
@@ -326,9 +336,12 @@ def create_app(
             trying.cancel()
         app[SWEEP_TASK].cancel()
         gw.store.hints.stop()
+        if gw.guard.pause is not None:
+            gw.guard.pause.stop()
         for name, step in (
             ("access control", gw.guard.close()),
             ("archive hints", app[HINTS_TASK]),
+            ("write backpressure", app[PAUSE_TASK]),
             ("fan-out", gw.fanout.close()),
             ("redis", gw.store.scripts.aclose()),
         ):
@@ -363,6 +376,11 @@ def create_app(
         _add_routes(app, path, name, methods, storage=True, access=access)
     streams = settings.prefix.rstrip("/") + "/{path:.*}"
     _add_routes(app, streams, _stream_route, stream, Guard.admit_stream, storage=True, access=access)
+    if settings.prefix.rstrip("/"):  # Ursula's buckets at the root, beside the streams' prefix
+        for route, path, handlers_of, is_stream in buckets.routes(stream):
+            # A bucket's stream: the stream handlers, its path mapped (and admitted) first.
+            names, admit = (_stream_route, buckets.admit_bucket_stream) if is_stream else (route, None)
+            _add_routes(app, path, names, handlers_of, admit, storage=True, access=access)
     app.router.add_route("*", "/{anything:.*}", endpoint(_not_found, "other", access=access))
     return app
 

@@ -1,10 +1,11 @@
 """What a request passes before its handler runs, and the browser headers every
-answer gets: the origin check, access control, rate limits and caps on live
-connections. ``endpoint`` (app.py) calls ``admit_*``; handlers read the
-principal with ``principal_of``.
+answer gets: the origin check, access control, write backpressure, rate limits
+and caps on live connections. ``endpoint`` (app.py) calls ``admit_*``; handlers
+read the principal with ``principal_of``.
 
 With access control off and no rate limits, a stream request costs one header
-lookup here (the origin check of writes).
+lookup here (the origin check of writes) and, unless writes are paused, one
+attribute lookup (storage/backpressure.py).
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from ..config import Settings
 from ..protocol import access, browser, quotas
 from ..protocol.access import OPEN, Principal, Scope
 from ..protocol.errors import ProtocolError
+from ..protocol.headers import STREAM_CLOSED, is_true
 from ..protocol.responses import EXPOSED
+from ..storage.backpressure import WritePause
 from ..storage.ratelimit import RateLimiter
 from .auth import Authenticator, client_address
 
@@ -31,6 +34,18 @@ _WRITES = frozenset({"PUT", "POST", "DELETE"})
 def principal_of(request: web.Request) -> Principal:
     """Who the request acts as (OPEN when access control is off)."""
     return request.get(PRINCIPAL, OPEN)
+
+
+def stores_data(request: web.Request) -> bool:
+    """A stream request that may add data: what write backpressure refuses. Reads and
+    DELETE (it frees memory) go on, and so does a close without a body: it stores a flag,
+    and a closed stream's data is archived without waiting for more (README, "Write
+    backpressure")."""
+    if request.method == "PUT":
+        return True
+    if request.method != "POST":
+        return False
+    return not (request.content_length == 0 and is_true(request.headers.get(STREAM_CLOSED)))
 
 
 def local_port(request: web.Request) -> int | None:
@@ -78,6 +93,7 @@ class Guard:
         self.auth = Authenticator(settings) if settings.auth_enabled else None
         self.rules = quotas.parse_rules(settings.rate_limits)
         self.limiter: RateLimiter | None = None
+        self.pause: WritePause | None = None
         self.cors = browser.cors_policy(
             settings.cors_origins, settings.cors_methods, settings.cors_credentials, settings.auth_enabled
         )
@@ -94,29 +110,40 @@ class Guard:
         self.plain = {**browser.BASE, **browser.response_headers(self.cors, None, EXPOSED)}
         self.origin_blind = self.cors.any_origin and not self.cors.credentials
 
-    def attach(self, limiter: RateLimiter) -> None:
-        """The Redis-backed buckets, once connected (used only when rules are set)."""
+    def attach(self, limiter: RateLimiter, pause: WritePause | None = None) -> None:
+        """The Redis-backed buckets, once connected (used only when rules are set), and
+        the write backpressure monitor."""
         if self.rules:
             self.limiter = limiter
+        self.pause = pause
 
     # -- admission ---------------------------------------------------------------
 
     async def admit_stream(self, request: web.Request) -> None:
-        """A stream request: origin, then credentials and grants, then rate limits."""
-        await self.admit_path(request, request.match_info["path"], access.required_scope(request.method))
+        """A stream request: origin, then credentials and grants, then write backpressure
+        (after them: a client that may not write is told so, not to retry), then rate
+        limits (a refused write takes no token)."""
+        path = request.match_info["path"]
+        await self.admit_path(request, path, access.required_scope(request.method), stream=True)
 
-    async def admit_path(self, request: web.Request, path: str, scope: Scope) -> None:
-        """Origin, then credentials and ``scope`` on ``path``, then rate limits: a stream's
-        request, or a subscription API's (its path: ``__ds/subscriptions/<id>``)."""
+    async def admit_path(
+        self, request: web.Request, path: str, scope: Scope, *, stream: bool = False
+    ) -> None:
+        """Origin, then credentials and ``scope`` on ``path``, then (``stream``) write
+        backpressure, then rate limits: a stream's request, or a subscription API's (its
+        path: ``__ds/subscriptions/<id>``; small bookkeeping, never paused)."""
         if request.method == "OPTIONS":  # a preflight carries no credentials: answered for anyone
             return
         self._check_host_and_origin(request)
-        if self.auth is None and self.limiter is None:
-            return
-        principal = await self._principal(request, scope, path)
-        access.check(principal, scope, path)
-        request[PRINCIPAL] = principal
-        await self.limit(request, principal, scope, path)
+        principal = OPEN
+        if self.auth is not None or self.limiter is not None:
+            principal = await self._principal(request, scope, path)
+            access.check(principal, scope, path)
+            request[PRINCIPAL] = principal
+        if stream and self.pause is not None and self.pause.active and stores_data(request):
+            self.pause.check(path)
+        if self.limiter is not None:
+            await self.limit(request, principal, scope, path)
 
     async def admit_listing(self, request: web.Request, prefix: str) -> Principal:
         """A listing of ``prefix`` (http/listing.py): like a read of it, except that

@@ -109,6 +109,8 @@ _CREDENTIALED_HEADERS = ", ".join(
         "Content-Type",
         "Content-Encoding",
         "If-None-Match",
+        "If-Match",
+        "Stream-Expected-Offset",
         "Stream-Seq",
         "Stream-Closed",
         "Stream-TTL",

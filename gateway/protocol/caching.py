@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import re
+from dataclasses import dataclass
 
 # Catch-up and long-poll data never changes at a given offset range.
 CACHEABLE = "public, max-age=60, stale-while-revalidate=300"
@@ -10,15 +12,48 @@ CACHEABLE = "public, max-age=60, stale-while-revalidate=300"
 NO_STORE = "no-store"
 SSE = "no-cache, no-store"
 
+# Our ETags' opaque part: "<created>-<check>:<start>:<end>[:c]" (see etag()).
+_OURS = re.compile(r"\A([0-9]{1,20})-([0-9a-f]{8}):([0-9]{1,20}):([0-9]{1,20})(:c)?\Z")
+
+
+def _check(stream_id: str, created: str) -> str:
+    return hashlib.blake2b(f"{stream_id}\0{created}".encode(), digest_size=4).hexdigest()
+
 
 def etag(stream_id: str, created: str, start: int, end: int, closed: bool) -> str:
     """A strong ETag for the bytes [start, end) of one incarnation of a stream.
 
-    The creation time tells a re-created stream at the same path apart, and
-    the closure flag makes the tail response change when the stream closes.
+    The creation time tells a re-created stream at the same path apart; it is
+    written out (not hashed) so a conditional append can hand it to append.lua,
+    which compares it with the stream's own (``conditions.py``). The check ties
+    the tag to its stream, and the closure flag makes the tail response change
+    when the stream closes.
     """
-    tag = hashlib.blake2b(f"{stream_id}\0{created}".encode(), digest_size=8).hexdigest()
-    return f'"{tag}:{start}:{end}{":c" if closed else ""}"'
+    return f'"{created}-{_check(stream_id, created)}:{start}:{end}{":c" if closed else ""}"'
+
+
+def stream_etag(stream_id: str, created: str, tail: int, closed: bool) -> str:
+    """The stream's own ETag (HEAD, PUT, a failed conditional append): the one a read
+    of all of it, from position 0 to the tail, carries."""
+    return etag(stream_id, created, 0, tail, closed)
+
+
+@dataclass(frozen=True)
+class Named:
+    """The stream state one of our ETags names: an incarnation, a read's end, closure."""
+
+    created: str
+    end: int
+    closed: bool
+
+
+def named_state(opaque: str, stream_id: str) -> Named | None:
+    """What an ETag's opaque part (between the quotes) names, if it is one of ours
+    for this stream; None for anything else (it can then match nothing here)."""
+    match = _OURS.match(opaque)
+    if match is None or match.group(2) != _check(stream_id, match.group(1)):
+        return None
+    return Named(created=match.group(1), end=int(match.group(4)), closed=match.group(5) is not None)
 
 
 def matches(if_none_match: str | None, current: str) -> bool:

@@ -54,6 +54,7 @@ class Meta:
     arch: int  # where the Redis log starts: below it, data is in archived files
     floor: int  # where retained data starts (retention drops what is below)
     uid: str | None = None  # this incarnation's id, given when it is first forked (fork_ref.lua)
+    snapshot: int | None = None  # where its latest application snapshot is (storage/snapshots.py)
 
     @classmethod
     def parse(cls, sid: str, flat: list[Any]) -> Meta:
@@ -74,6 +75,7 @@ class Meta:
             arch=int(m.get("arch") or m["base"]),
             floor=int(m.get("floor") or 0),
             uid=m.get("uid"),
+            snapshot=int(m["snap"]) if "snap" in m else None,
         )
 
     @property

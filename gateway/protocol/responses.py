@@ -10,6 +10,7 @@ from .headers import (
     STREAM_CURSOR,
     STREAM_EXPIRES_AT,
     STREAM_NEXT_OFFSET,
+    STREAM_SNAPSHOT_OFFSET,
     STREAM_TTL,
     STREAM_UP_TO_DATE,
 )
@@ -31,19 +32,32 @@ EXPOSED = ", ".join(
         "Producer-Received-Seq",
         "ETag",
         "Location",
+        STREAM_SNAPSHOT_OFFSET,
     ]
 )
 
 
-def stream_state(meta: Meta) -> dict[str, str]:
-    """Create and HEAD: the stream's configuration and tail."""
-    headers = {"Content-Type": meta.content_type, STREAM_NEXT_OFFSET: offsets.encode(meta.tail)}
-    if meta.closed:
+def current_state(stream_id: str, created: str, tail: int, closed: bool) -> dict[str, str]:
+    """Where the stream is: its tail, its ETag (what If-Match compares) and closure."""
+    headers = {
+        STREAM_NEXT_OFFSET: offsets.encode(tail),
+        "ETag": caching.stream_etag(stream_id, created, tail, closed),
+    }
+    if closed:
         headers[STREAM_CLOSED] = "true"
+    return headers
+
+
+def stream_state(meta: Meta) -> dict[str, str]:
+    """Create and HEAD: the stream's configuration, tail and ETag."""
+    headers = {"Content-Type": meta.content_type}
+    headers.update(current_state(meta.sid, meta.created, meta.tail, meta.closed))
     if meta.ttl is not None:
         headers[STREAM_TTL] = str(meta.ttl)
     if meta.expires_at is not None:
         headers[STREAM_EXPIRES_AT] = meta.expires_at
+    if meta.snapshot is not None:  # Ursula's: where its latest snapshot is (http/snapshots.py)
+        headers[STREAM_SNAPSHOT_OFFSET] = offsets.encode(meta.snapshot)
     return headers
 
 

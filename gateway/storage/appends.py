@@ -11,6 +11,7 @@ from typing import Any
 import redis.exceptions
 
 from ..concurrency.batching import Batcher
+from ..protocol.conditions import IfMatch
 from ..protocol.errors import bad_request
 from ..protocol.headers import Producer
 from ..protocol.models import AppendResult, text
@@ -32,13 +33,15 @@ class AppendRequest:
     stream_seq: str  # '' none
     producer: Producer | None
     entries: list[bytes]
+    if_match: str = ""  # IfMatch.script_arg(), '' none
+    expected_offset: str = ""  # the tail position Stream-Expected-Offset names, '' none
 
     def script_args(self) -> list[Any]:
         """This append's part of append.lua's ARGV."""
         p = self.producer
         head: list[Any] = [self.media_type, "1" if self.close else "0", self.stream_seq]
         head += [p.id, p.epoch, p.seq] if p else ["", "", ""]
-        return [*head, len(self.entries), *self.entries]
+        return [*head, self.if_match, self.expected_offset, len(self.entries), *self.entries]
 
 
 def encoded(args: list[Any]) -> list[bytes]:
@@ -83,9 +86,20 @@ class Appends:
         close: bool,
         stream_seq: str | None,
         producer: Producer | None,
+        if_match: IfMatch | None = None,
+        expected_offset: int | None = None,
     ) -> AppendResult:
-        """POST. Concurrent appends to one stream go to Redis together."""
-        request = AppendRequest(media_type if entries else "", close, stream_seq or "", producer, entries)
+        """POST. Concurrent appends to one stream go to Redis together; each one's
+        conditions (If-Match, Stream-Expected-Offset) are checked at its turn."""
+        request = AppendRequest(
+            media_type if entries else "",
+            close,
+            stream_seq or "",
+            producer,
+            entries,
+            if_match.script_arg() if if_match else "",
+            "" if expected_offset is None else str(expected_offset),
+        )
         args = encoded(request.script_args())
         # Appends wait in one of a few lanes (a stream always in the same one): whatever
         # arrives while a lane's Redis round trip runs goes in its next one.
@@ -107,7 +121,7 @@ class Appends:
                 producer_epoch=producer.epoch if producer else None,
                 producer_seq=int(result[4]) if status == "dup" else (producer.seq if producer else None),
             )
-        raise append_error(status, result)
+        raise append_error(status, result, sid)
 
     async def _append_batch(self, lane: str, batch: list[Queued]) -> list[Any]:
         """The batch's appends, one append.lua call per hash slot (one call on a single

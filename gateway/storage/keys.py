@@ -241,6 +241,8 @@ def outbox_keys(cluster: bool, slots: list[int] | None = None) -> list[str]:
 STREAM_INDEX = f"{PREFIX}:index"
 
 
+# Buckets made with PUT /{bucket} (hash: name -> created, ms): storage/buckets.py.
+BUCKETS = f"{PREFIX}:buckets"
 # Taken (SET NX, expiring) by the gateway that sweeps the index this interval, and where
 # the last sweep stopped (a listing cursor): storage/listing.py IndexSweep.
 INDEX_SWEEP = f"{PREFIX}:index-sweep"

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
 from typing import Any
 
 import redis.exceptions
 
 from ..protocol import offsets
+from ..protocol.conditions import offset_conflict, precondition_failed
 from ..protocol.errors import ProtocolError, bad_request
 from ..protocol.headers import (
     PRODUCER_EPOCH,
@@ -19,6 +21,7 @@ from ..protocol.headers import (
     STREAM_NEXT_OFFSET,
 )
 from ..protocol.models import text
+from ..protocol.responses import current_state
 from ..telemetry.logs import RateLimited
 
 log = logging.getLogger(__name__)
@@ -51,8 +54,15 @@ def outcome_unknown() -> ProtocolError:
     )
 
 
-def dropped() -> ProtocolError:
-    return ProtocolError(410, "the data at this offset was dropped by the retention policy")
+def dropped(floor: int | None = None) -> ProtocolError:
+    """A read below what is retained (retention, or an application snapshot above it:
+    storage/snapshots.py). ``floor``, where retained data starts, is said in the body and
+    as ``Stream-Next-Offset``: where to read from instead (or bootstrap, with a snapshot)."""
+    if floor is None:
+        return ProtocolError(410, "the data at this offset was dropped by the retention policy")
+    earliest = offsets.encode(floor)
+    message = f"the data at this offset is no longer retained; the earliest offset is {earliest}"
+    return ProtocolError(410, message, {"Stream-Next-Offset": earliest})
 
 
 def inherited_gone(fork_point: int | None = None) -> ProtocolError:
@@ -70,7 +80,15 @@ def not_found(status: str) -> ProtocolError:
     return ProtocolError(404, "stream not found")
 
 
-def append_error(status: str, result: list[Any]) -> ProtocolError:
+# Refusals of an append that depended on where the stream was: the answer says where it is.
+_CONFLICTS: dict[str, Callable[[dict[str, str]], ProtocolError]] = {
+    "precondition_failed": precondition_failed,  # If-Match: 412
+    "offset_conflict": offset_conflict,  # Stream-Expected-Offset: 409
+    "seq_regress": lambda state: ProtocolError(409, "Stream-Seq must increase", state),
+}
+
+
+def append_error(status: str, result: list[Any], stream_id: str) -> ProtocolError:
     """An append.lua answer other than 'ok' or 'dup', as the client's error."""
     if status == "error":  # append.lua caught a failure of this append alone
         written, message = text(result[1]), text(result[2])
@@ -91,8 +109,9 @@ def append_error(status: str, result: list[Any]) -> ProtocolError:
         )
     if status == "ct_mismatch":
         return ProtocolError(409, "content type does not match the stream's")
-    if status == "seq_regress":
-        return ProtocolError(409, "Stream-Seq must increase")
+    if status in _CONFLICTS:  # {status, tail, created}: the stream is open; where it is, to retry from
+        state = current_state(stream_id, text(result[2]), int(result[1]), closed=False)
+        return _CONFLICTS[status](state)
     if status == "bad_epoch_seq":
         return bad_request("a new producer epoch must start at Producer-Seq 0")
     if status == "stale_epoch":

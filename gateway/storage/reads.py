@@ -91,7 +91,7 @@ class Reads:
         if start > meta.tail:
             raise bad_request("offset is beyond the stream's tail")
         if start < meta.floor:
-            raise dropped()
+            raise dropped(meta.floor)
         entries: list[Entry] = []
         if start < meta.base:
             entries = await self.read_segments(

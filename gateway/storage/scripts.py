@@ -45,6 +45,8 @@ NAMES = (
     # there, and migrate's step that lists streams made before the index (layout.py)
     "stream_info",
     "index_add",
+    # Ursula's snapshots (storage/snapshots.py): the stream's record of its latest one
+    "snapshot_set",
     # the archive worker's (KEYS: the stream's five, its lease and (not archive_lease)
     # its incarnation's segment set; fenced by the lease)
     "archive_lease",

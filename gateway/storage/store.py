@@ -26,6 +26,7 @@ from ..protocol.headers import DEFAULT_CONTENT_TYPE, Expiry, normalize_content_t
 from ..protocol.models import CreateSpec, Meta, text
 from . import keys
 from .appends import Appends
+from .buckets import Buckets
 from .forks import ForkPlan, Forks
 from .hints import Hints
 from .listing import IndexSweep, Listing
@@ -33,6 +34,7 @@ from .outcomes import not_found
 from .reads import Reads
 from .registry import JSON, Registry, created_event, deleted_event
 from .scripts import Scripts
+from .snapshots import Snapshots
 from .subscriptions import Subscriptions
 
 
@@ -54,6 +56,8 @@ class Store:
         self.subscriptions = Subscriptions(scripts)
         self.listing = Listing(scripts)
         self.index_sweep = IndexSweep(self.listing)
+        self.buckets = Buckets(self.listing)
+        self.snapshots = Snapshots(scripts, cold.archive)
         self.registry = Registry(self._make_registry, self._registry_append)
         if scripts.cluster:
             keys.subs_outbox(
@@ -168,3 +172,5 @@ class Store:
         if status == "deleted":
             await self.hints.forget(sid)
             await self.forks.release(sid, text(result[1]), text(result[2]))
+            if len(result) > 3 and text(result[3]):
+                await self.snapshots.forget(text(result[3]))

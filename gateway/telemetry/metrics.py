@@ -90,6 +90,35 @@ ARCHIVE_LAG = Gauge(
     multiprocess_mode="mostrecent",
 )
 
+# Write backpressure (gateway/storage/backpressure.py). Each gateway process polls Redis on
+# its own: a pod is paused if any of its processes is (livemax); the Redis figures are the
+# same on every gateway, so aggregate them with max(), not sum().
+WRITE_BACKPRESSURE = Gauge(
+    "ds_write_backpressure",
+    "1 while writes get 503 + Retry-After, by reason: memory (Redis used_memory above --write-pause-memory; "
+    "on Redis Cluster some primary's, pausing its streams only) or archive_lag (--write-pause-archive-lag)",
+    ["reason"],
+    multiprocess_mode="livemax",
+)
+WRITE_REFUSALS = Counter(
+    "ds_write_backpressure_refusals_total",
+    "Writes refused (503 + Retry-After) by write backpressure",
+    ["reason"],
+)
+REDIS_USED_MEMORY = Gauge(
+    "ds_redis_used_memory_bytes",
+    "Redis used_memory of each primary as a gateway last polled it (every gateway reports the same "
+    "number: aggregate with max(), not sum())",
+    ["node"],
+    multiprocess_mode="livemostrecent",
+)
+REDIS_MAXMEMORY = Gauge(
+    "ds_redis_maxmemory_bytes",
+    "Redis maxmemory of each primary (0: none) as a gateway last polled it (aggregate with max())",
+    ["node"],
+    multiprocess_mode="livemostrecent",
+)
+
 # 1 per process group (a pod): "max" over its processes, so sum() over pods counts the
 # pods running each build, however many workers each has.
 # The subscription delivery worker's (durable-streams deliver)

@@ -329,6 +329,9 @@ is in a Secret of yours). */}}
 {{- fail "redis.maxmemory is required with redis.enabled (about 75% of redis.resources.limits.memory)" -}}
 {{- end -}}
 {{- $gw := .Values.gateway -}}
+{{- if and $gw.writePauseArchiveLagSeconds (not .Values.archive.enabled) -}}
+{{- fail "gateway.writePauseArchiveLagSeconds needs archive.enabled: the lag is measured on the archive workers' hints" -}}
+{{- end -}}
 {{- if and $gw.podDisruptionBudget.enabled (not $gw.autoscaling.enabled) (le (int64 $gw.replicas) (int64 $gw.podDisruptionBudget.minAvailable)) -}}
 {{- fail "gateway.podDisruptionBudget.minAvailable must be below gateway.replicas (else no node can ever be drained): raise replicas or disable the budget" -}}
 {{- end -}}

@@ -1,0 +1,109 @@
+"""Application snapshots (Ursula's ``/{bucket}/{stream}/snapshot/{offset}``): the blob in
+the archive store (files or S3, where the Parquet segments live: large blobs do not
+belong in Redis memory), its record in the stream's meta hash (``snap``, ``snap_ct``,
+``snap_file``), set by snapshot_set.lua.
+
+Publishing writes the blob first, under a name of its own (``_snapshots/<stream
+digest>/<incarnation>-<position>-<random>``: a retry never overwrites a published blob,
+and ``_`` keeps Spark and the archiver's file scans away), then records it in one
+script, which also raises the stream's floor to it; the blob it replaces is removed
+after. A publish the script refuses removes its own blob. Only the latest snapshot is
+kept (Ursula's: older ones are gone once replaced).
+
+Known gap: the blob of a stream that expires, or is deleted while forks still read it
+(soft delete), stays in the store (an explicit delete of a live stream removes it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+import uuid
+from dataclasses import dataclass
+
+from ..archive.files import Archive
+from ..protocol.errors import ProtocolError
+from ..protocol.models import text
+from . import keys
+from .outcomes import not_found
+from .scripts import Scripts
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    position: int
+    content_type: str
+    file: str
+
+
+@dataclass(frozen=True)
+class State:
+    """What a snapshot read needs of its stream (from its meta hash)."""
+
+    tail: int
+    closed: bool
+    created: str
+    snapshot: Snapshot | None
+
+
+class Snapshots:
+    def __init__(self, scripts: Scripts, archive: Archive) -> None:
+        self.scripts = scripts
+        self.archive = archive
+
+    async def state(self, sid: str) -> State:
+        """The stream's tail, closure and latest snapshot; 404 when there is no stream."""
+        meta = keys.stream_keys(sid)[0]
+        fields = ("created", "tail", "closed", "deleted", "exp", "snap", "snap_ct", "snap_file")
+        raw = await self.scripts.command(meta, "HMGET", meta, *fields)
+        found = dict(zip(fields, (None if v is None else text(v) for v in raw), strict=True))
+        expired = found["exp"] is not None and int(found["exp"]) <= time.time() * 1000
+        if found["created"] is None or found["deleted"] or expired:
+            raise not_found("missing")
+        snapshot = None
+        if found["snap"] is not None:
+            snapshot = Snapshot(int(found["snap"]), found["snap_ct"] or "", found["snap_file"] or "")
+        return State(int(found["tail"] or 0), found["closed"] == "1", found["created"], snapshot)
+
+    async def publish(self, sid: str, position: int, content_type: str, data: bytes) -> int:
+        """Store a snapshot at ``position``; returns the stream's tail. 404 no stream,
+        409 stale (a snapshot at or after it exists) or beyond the tail, 410 below what
+        is retained."""
+        state = await self.state(sid)
+        digest = hashlib.sha256(sid.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+        file = f"_snapshots/{digest}/{state.created}-{position}-{uuid.uuid4().hex}.snapshot"
+        await asyncio.to_thread(self.archive.put, file, data)
+        try:
+            result = await self.scripts.on_stream(
+                "snapshot_set", sid, state.created, position, content_type, file
+            )
+        except BaseException:
+            await self._remove(file)  # refused, or its outcome unknown: a stray blob at worst
+            raise
+        status = text(result[0])
+        if status != "ok":
+            await self._remove(file)
+            if status in ("missing", "gone"):
+                raise not_found(status)
+            detail = {"stale": "a snapshot at or after this offset exists", "range": "offset beyond the tail"}
+            if status == "trimmed":
+                raise ProtocolError(410, "offset below the data still retained")
+            raise ProtocolError(409, detail[status])
+        if text(result[1]):
+            await self._remove(text(result[1]))
+        return state.tail
+
+    async def blob(self, snapshot: Snapshot) -> bytes | None:
+        """The blob's bytes; None when it was replaced (and removed) meanwhile."""
+        try:
+            return await asyncio.to_thread(self.archive.get, snapshot.file)
+        except FileNotFoundError:
+            return None
+
+    async def forget(self, file: str) -> None:
+        """Remove a deleted stream's snapshot blob."""
+        await self._remove(file)
+
+    async def _remove(self, file: str) -> None:
+        await asyncio.to_thread(self.archive.delete, file)
