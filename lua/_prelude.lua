@@ -199,6 +199,22 @@ local function read_from(m, from, hi, budget, whole, max_entries, inline)
   return {collect(from, hi, budget, whole, max_entries)}
 end
 
+-- If-Match (append.lua, create.lua) against the stream `m`:
+-- `spec` is '*' (the stream exists, as it does here), or items '<created>:<tail>:<closed>'
+-- separated by spaces, an empty created or closed matching any (a bare offset names the
+-- tail alone); '!' matches nothing. Strings compare exactly: the gateway sends created
+-- as an ETag names it and the tail as fmt() writes it.
+local function if_match(m, spec)
+  if spec == '*' then return true end
+  local closed = m.closed and '1' or '0'
+  for created, tail, c in string.gmatch(spec, '(%d*):(%d+):([01]?)') do
+    if tail == m.tail and (created == '' or created == m.created) and (c == '' or c == closed) then
+      return true
+    end
+  end
+  return false
+end
+
 -- This stream's id (the hash tag of its key names): how indexes and outboxes name it.
 local function stream_sid() return string.sub(META, #'ds:{' + 1, -#'}:meta' - 1) end
 

@@ -29,7 +29,7 @@
 -- only at its first one, so a failed append has written nothing unless the
 -- error hit between its writes (reported as 'partial'; not seen in practice).
 -- Returns one result per append, in ARGV order:
---   {'ok', tail, closed}            appended / closed
+--   {'ok', tail, closed, created}   appended / closed (created: the incarnation, for the ETag)
 --   {'dup', tail, closed, epoch, seq} producer retry, already applied
 --   {'closed', tail}                the stream is closed (409)
 --   {'precondition_failed', tail, created}  If-Match does not match (412)
@@ -62,22 +62,6 @@ local function finish_stream(m, old_tail, was_closed, appended)
     publish(notice)
     record_for_subscribers(false)
   end
-end
-
--- If-Match against the stream `m` (open: a closed stream refused the append before):
--- `spec` is '*' (the stream exists, as it does here), or items '<created>:<tail>:<closed>'
--- separated by spaces, an empty created or closed matching any (a bare offset names the
--- tail alone); '!' matches nothing. Strings compare exactly: the gateway sends created
--- as an ETag names it and the tail as fmt() writes it.
-local function if_match(m, spec)
-  if spec == '*' then return true end
-  local closed = m.closed and '1' or '0'
-  for created, tail, c in string.gmatch(spec, '(%d*):(%d+):([01]?)') do
-    if tail == m.tail and (created == '' or created == m.created) and (c == '' or c == closed) then
-      return true
-    end
-  end
-  return false
 end
 
 -- The appends of the stream whose keys are bound now; `i` indexes its count in ARGV.
@@ -146,7 +130,7 @@ local function append_stream(i)
     redis.call('HSET', META, unpack(fields))
     if tuple then redis.call('HSET', PROD, pid, ep .. ':' .. sq) end
     changed = true
-    return {'ok', m.tail, close and '1' or '0'}
+    return {'ok', m.tail, close and '1' or '0', m.created}
   end
 
   i = i + 1

@@ -12,11 +12,13 @@
 --   fork), 15 '1' for a weak fork (recorded as 'weak': not in its source's
 --   FORKS, see fork_ref.lua), 16 '1' when a subscription worker runs (the new
 --   stream goes in the outbox, to be matched; else only if it has links), 17 the
---   channel that wakes subscription workers, 18.. initial entries.
+--   channel that wakes subscription workers, 18 If-Match ('' none; else as for
+--   append.lua: the prelude's if_match), 19.. initial entries.
 -- KEYS: the five stream keys, 6 its subscription links, 7 its slot's stream index
 --   (keys.stream_index: the stream is listed there while it lives), 8 its slot's outbox.
 -- Returns {'created', meta} | {'exists', meta} | {'conflict', source id of the
---   existing stream or ''}.
+--   existing stream or ''} | {'precondition_failed', tail, created} (If-Match names
+--   another state; tail and created '' when there is no stream: it is not made).
 local ct, ctn, ttl, exp_at, expires, closed = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local src, fork_off, fork_sub, base, chain = ARGV[7], ARGV[8], ARGV[10], ARGV[11], ARGV[12]
 local chain_uids, src_uid, weak = ARGV[13], ARGV[14], ARGV[15]
@@ -25,6 +27,11 @@ local INDEX = KEYS[7]
 local now = now_ms()
 local m, status = open_stream(now)
 if status == 'gone' then return {'conflict', m.src or ''} end
+-- If-Match here, in the script that creates: a delete just before cannot let it make one.
+if ARGV[18] ~= '' then
+  if status ~= 'ok' then return {'precondition_failed', '', ''} end
+  if not if_match(m, ARGV[18]) then return {'precondition_failed', m.tail, m.created} end
+end
 if status == 'ok' then
   local same = m.ctn == ctn and (m.ttl or '') == ttl and (m.expires or '') == expires
     and (m.closed or '0') == closed and (m.src or '') == src
@@ -48,7 +55,7 @@ if src ~= '' then
   m.chain = chain; m.chain_uids = chain_uids; m.src_uid = src_uid
   if weak == '1' then m.weak = '1' end
 end
-m.tail = fmt(add_entries(m, 18, #ARGV, now))
+m.tail = fmt(add_entries(m, 19, #ARGV, now))
 if closed == '1' then m.closed = '1' end
 redis.call('HSET', META, unpack(flat(m)))
 redis.call('ZADD', INDEX, 0, stream_sid())

@@ -5,7 +5,7 @@
 -- KEYS: the five stream keys (see _prelude.lua).
 -- ARGV: 1 the incarnation the blob was written for (meta 'created'), 2 the snapshot's
 --   position, 3 its content type, 4 its blob's file (in the archive store).
--- Returns {'ok', the replaced snapshot's file or ''} | {'missing'} | {'gone'} |
+-- Returns {'ok', the replaced snapshot's file or '', tail} | {'missing'} | {'gone'} |
 --   {'stale', the newer (or same) snapshot's position} | {'range', tail} (beyond the
 --   tail) | {'trimmed', floor} (below what is retained).
 local pos = tonumber(ARGV[2])
@@ -16,5 +16,5 @@ return with_stream(now_ms(), function(m)
   if pos < tonumber(m.floor or '0') then return {'trimmed', m.floor} end
   local old = m.snap_file or ''
   redis.call('HSET', META, 'snap', ARGV[2], 'snap_ct', ARGV[3], 'snap_file', ARGV[4], 'floor', ARGV[2])
-  return {'ok', old}
+  return {'ok', old, m.tail}
 end)

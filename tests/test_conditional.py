@@ -139,7 +139,11 @@ async def test_if_match_with_the_etag_of_head(http: aiohttp.ClientSession, url: 
     assert stale.headers["ETag"] == now.headers["ETag"] != seen.headers["ETag"]
     retry = await post(http, url, "ef", If_Match=stale.headers["ETag"])  # no HEAD needed
     assert retry.status == 204
-    assert await read_all(http, url) == b"abcdef"  # nothing from the 412
+    assert retry.headers["ETag"] == (await head(http, url)).headers["ETag"]  # a success names its state
+    chained = await post(http, url, "gh", If_Match=retry.headers["ETag"])
+    assert chained.status == 204 and "ETag" in chained.headers
+    assert "ETag" not in (await post(http, url, "ij")).headers  # unconditional appends: as before
+    assert await read_all(http, url) == b"abcdefghij"  # nothing from the 412
 
 
 async def test_if_match_with_offsets_star_and_read_etags(http: aiohttp.ClientSession, url: str) -> None:

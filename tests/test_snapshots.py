@@ -83,7 +83,17 @@ async def test_publish_read_and_refusals(
         assert (await _call(http, "HEAD", url))[2]["Stream-Snapshot-Offset"] == tails[1]
         # below the snapshot: gone (saying where retained data starts); -1 starts at it
         status, _, headers = await _call(http, "GET", f"{url}?offset={offsets.encode(0)}")
-        assert (status, headers["Stream-Next-Offset"]) == (410, tails[1])
+        assert (status, headers["Stream-Next-Offset"], headers["Stream-Earliest-Offset"]) == (
+            410,
+            tails[1],
+            tails[1],
+        )
+        fork = {
+            **JSON,
+            "Stream-Forked-From": "/v1/stream/" + url.split("/", 3)[3],
+            "Stream-Fork-Offset": tails[0],
+        }
+        assert (await _call(http, "PUT", f"{url}-fork", headers=fork))[0] == 410  # below the floor
         assert (await _call(http, "GET", f"{url}?offset=-1"))[1] == b'[{"n":2},{"n":3}]'
         # refusals
         assert (await _call(http, "PUT", f"{url}/snapshot/{tails[0]}", data=b"old"))[0] == 409  # stale
@@ -157,3 +167,47 @@ async def test_bootstrap(redis_url: str, http: aiohttp.ClientSession, archive_di
         await _call(http, "POST", raw, headers=OCTETS, data=b"0123456789abcdefghij")
         _, parts = await _bootstrap(http, f"{raw}/bootstrap")
         assert b"".join(data for _, data in parts[1:]) == b"0123456789abcdefghij" and len(parts) > 2
+
+
+async def test_large_snapshots_odd_names_and_preflights(
+    redis_url: str, http: aiohttp.ClientSession, archive_dir: str
+) -> None:
+    """A snapshot larger than --max-body-bytes (4 MiB) is taken up to --max-snapshot-bytes,
+    sent whole or chunked; a stream id with '?' gets a Location that names it; the new
+    routes answer CORS preflights; HEAD answers 304 to its own ETag; Ursula's /readyz/local."""
+    async with serving(redis_url, archive_url=archive_dir, max_snapshot_bytes=8 << 20) as base:
+        root = _root(base)
+        url = await _stream(http, root, OCTETS)
+        _, _, headers = await _call(http, "POST", url, headers=OCTETS, data=b"x")
+        at = headers["Stream-Next-Offset"]
+        big = b"s" * (6 << 20)
+        assert (await _call(http, "PUT", f"{url}/snapshot/{at}", data=big))[0] == 204
+
+        async def chunked():  # no Content-Length
+            for _ in range(6):
+                yield b"c" * (1 << 20)
+
+        _, _, headers = await _call(http, "POST", url, headers=OCTETS, data=b"y")
+        at2 = headers["Stream-Next-Offset"]
+        assert (await _call(http, "PUT", f"{url}/snapshot/{at2}", data=chunked()))[0] == 204
+        assert (await _call(http, "GET", f"{url}/snapshot/{at2}"))[1] == b"c" * (6 << 20)
+        _, _, headers = await _call(http, "POST", url, headers=OCTETS, data=b"z")
+        assert (
+            await _call(
+                http, "PUT", f"{url}/snapshot/{headers['Stream-Next-Offset']}", data=b"t" * ((8 << 20) + 1)
+            )
+        )[0] == 413
+        odd = url.rsplit("/", 1)[0] + "/a%3Fb"
+        assert (await _call(http, "PUT", odd, headers=OCTETS, data=b"q"))[0] == 201
+        _, _, headers = await _call(http, "POST", odd, headers=OCTETS, data=b"r")
+        await _call(http, "PUT", f"{odd}/snapshot/{headers['Stream-Next-Offset']}", data=b"ODD")
+        status, _, headers = await _call(http, "GET", f"{odd}/snapshot")
+        assert status == 307 and "/a%3Fb/snapshot/" in headers["Location"]
+        for path in ("", "/streams", "/doc/snapshot", f"/doc/snapshot/{at}", "/doc/bootstrap"):
+            target = url.rsplit("/", 1)[0] + path
+            status, _, _ = await _call(http, "OPTIONS", target, headers={"Origin": "https://app.example"})
+            assert status == 204, path
+        _, _, headers = await _call(http, "HEAD", url)
+        assert (await _call(http, "HEAD", url, headers={"If-None-Match": headers["ETag"]}))[0] == 304
+        assert (await _call(http, "GET", f"{root}/readyz/local"))[0] == 200
+        assert (await _call(http, "PUT", f"{root}/__ds"))[0] == 400

@@ -364,7 +364,10 @@ def create_app(
     }
     sign = {"POST": handlers.sign_url, "OPTIONS": handlers.options_stream}
     _add_routes(app, "/auth/sign", "sign", sign, access=access)
-    for path, handler in (("/healthz", healthz), ("/readyz", readyz), ("/metrics", metrics_page)):
+    ops = [("/healthz", healthz), ("/readyz", readyz), ("/metrics", metrics_page)]
+    # Ursula's readiness paths (its smoke test): this server is ready as a whole.
+    ops += [("/readyz/local", readyz), ("/readyz/cluster", readyz)]
+    for path, handler in ops:
         name = path.strip("/")
         _add_routes(app, path, name, {"GET": handler, "HEAD": handler}, _admit_ops(name), access=access)
     # The reserved namespace ({prefix}/__ds/) is routed before the streams.

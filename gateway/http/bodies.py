@@ -57,8 +57,13 @@ class BodyBudget:
         self.held -= self._by_request.pop(id(request), 0)
 
 
-async def read_body(request: web.Request, *, max_bytes: int, timeout: float, budget: BodyBudget) -> bytes:
-    """The decoded body, or a 4xx/503 ProtocolError (nothing stored yet by then)."""
+async def read_body(
+    request: web.Request, *, max_bytes: int, timeout: float, budget: BodyBudget, streamed: bool = False
+) -> bytes:
+    """The decoded body, or a 4xx/503 ProtocolError (nothing stored yet by then).
+    ``streamed``: read an uncompressed body in a loop bounded by ``max_bytes`` rather than
+    by aiohttp's read, whose bound (client_max_size) is --max-body-bytes: for bodies that
+    may be larger (snapshots)."""
     encoding = request.headers.get("Content-Encoding")
     encoding = encoding.strip().lower() if encoding else ""
     if encoding in ("", "identity"):
@@ -71,6 +76,8 @@ async def read_body(request: web.Request, *, max_bytes: int, timeout: float, bud
     if inflater is None:
         if declared is not None and declared > max_bytes:
             raise _too_large(max_bytes)
+        if streamed:
+            return await _read_streamed(request, declared, max_bytes, timeout, budget)
         return await _read_plain(request, declared, max_bytes, timeout, budget)
     # What arrives compressed is bounded too: compression adds a little to data that
     # does not compress, never more than this.
@@ -105,6 +112,30 @@ async def read_body(request: web.Request, *, max_bytes: int, timeout: float, bud
         raise _gone() from None
     if not inflater.eof:
         raise ProtocolError(400, f"body is truncated {encoding}")
+    return b"".join(parts)
+
+
+async def _read_streamed(
+    request: web.Request, declared: int | None, max_bytes: int, timeout: float, budget: BodyBudget
+) -> bytes:
+    """An uncompressed body read a chunk at a time, never more than ``max_bytes``."""
+    if declared:
+        budget.take(request, declared)
+    parts: list[bytes] = []
+    size = 0
+    try:
+        async with asyncio.timeout(timeout):
+            async for chunk in request.content.iter_chunked(1 << 20):
+                size += len(chunk)
+                if size > max_bytes:
+                    raise _too_large(max_bytes)
+                parts.append(chunk)
+    except TimeoutError:
+        raise ProtocolError(408, f"request body not received within {timeout:g} s") from None
+    except ConnectionError:
+        raise _gone() from None
+    if declared is None:
+        budget.take(request, size)
     return b"".join(parts)
 
 

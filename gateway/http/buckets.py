@@ -35,6 +35,7 @@ from ..storage.buckets import Buckets
 from . import snapshots
 from .context import gateway_of
 from .guard import Guard
+from .handlers import options_stream
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -147,16 +148,19 @@ def routes(stream: Mapping[str, Handler]) -> list[tuple[str, str, Mapping[str, A
     """(route name, path, handlers by method, whether it is a stream's route), registered
     after everything else at the root (/healthz, /auth/sign, the streams' prefix)."""
     one, stream_at = "/{bucket}", "/{bucket}/{stream}"
+    # OPTIONS: browsers on another origin send a preflight before a request with a token.
+    cors = {"OPTIONS": options_stream}
     snapshot_at = {
         "PUT": snapshots.put_snapshot,
         "GET": snapshots.get_snapshot,
         "DELETE": snapshots.delete_snapshot,
+        **cors,
     }
     return [
-        ("bucket", one, {"PUT": put_bucket, "GET": get_bucket, "DELETE": delete_bucket}, False),
-        ("bucket-streams", f"{one}/{LISTING}", {"GET": list_bucket}, False),
+        ("bucket", one, {"PUT": put_bucket, "GET": get_bucket, "DELETE": delete_bucket, **cors}, False),
+        ("bucket-streams", f"{one}/{LISTING}", {"GET": list_bucket, **cors}, False),
         ("stream", stream_at, stream, True),
-        ("snapshot", f"{stream_at}/snapshot", {"GET": snapshots.latest_snapshot}, False),
+        ("snapshot", f"{stream_at}/snapshot", {"GET": snapshots.latest_snapshot, **cors}, False),
         ("snapshot", f"{stream_at}/snapshot/{{offset}}", snapshot_at, False),
-        ("bootstrap", f"{stream_at}/bootstrap", {"GET": snapshots.bootstrap}, False),
+        ("bootstrap", f"{stream_at}/bootstrap", {"GET": snapshots.bootstrap, **cors}, False),
     ]

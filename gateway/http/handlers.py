@@ -28,7 +28,7 @@ from ..protocol.headers import (
     validate_content_type,
 )
 from ..protocol.jsonmode import body_entries
-from ..protocol.models import CreateSpec, Meta
+from ..protocol.models import CreateSpec
 from ..storage import keys
 from ..telemetry import metrics
 from . import live
@@ -117,25 +117,6 @@ def public_url(request: web.Request, path: str | None = None) -> str:
         raise bad_request("the Host header does not make a valid URL") from None
 
 
-async def _put_precondition(request: web.Request, sid: str, if_match: conditions.IfMatch) -> None:
-    """A PUT with If-Match: 412 unless the stream exists and matches (RFC 9110 13.1.1:
-    a missing stream matches nothing, so such a PUT never creates one)."""
-    try:
-        meta = await gateway_of(request).store.head(sid)
-    except ProtocolError as exc:
-        if exc.status == 404:
-            raise conditions.precondition_failed({}) from None
-        return  # 410: the PUT's answer without the condition (409) stands (RFC 9110 13.2.1)
-    _check_put(if_match, meta)
-
-
-def _check_put(if_match: conditions.IfMatch, meta: Meta) -> None:
-    if not if_match.matches(meta.created, meta.tail, meta.closed):
-        raise conditions.precondition_failed(
-            responses.current_state(meta.sid, meta.created, meta.tail, meta.closed)
-        )
-
-
 async def put_stream(request: web.Request) -> web.Response:
     gw = gateway_of(request)
     sid = _sid(request)
@@ -184,14 +165,11 @@ async def put_stream(request: web.Request) -> web.Response:
         fork_offset=fork_offset,
         fork_sub_offset=sub_offset,
         pin_source=pin_source,
+        # Checked by create.lua: a missing stream matches nothing (RFC 9110 13.1.1), so such
+        # a PUT never creates one; a soft-deleted one answers as without it (409).
+        if_match=if_match.script_arg() if if_match is not None else "",
     )
-    if if_match is not None:
-        await _put_precondition(request, sid, if_match)
     created, meta = await gw.store.create(sid, spec)
-    if if_match is not None and not created:
-        # Checked again on the state create.lua found: an append since the check above fails
-        # it. (A delete between the two lets this PUT create the stream: answered 201.)
-        _check_put(if_match, meta)
     headers = responses.stream_state(meta)
     if created:
         headers["Location"] = location
@@ -230,7 +208,11 @@ async def post_stream(request: web.Request) -> web.Response:
     )
     # New data from an idempotent producer is 200; duplicates and close-only are 204.
     status = 200 if producer is not None and result.status == "ok" and entries else 204
-    return web.Response(status=status, headers=responses.append_result(result))
+    headers = responses.append_result(result)
+    if (if_match is not None or expected_offset is not None) and result.created is not None:
+        # A conditional writer's next If-Match: the ETag of the stream it just wrote.
+        headers.update(responses.current_state(sid, result.created, result.tail, result.closed))
+    return web.Response(status=status, headers=headers)
 
 
 async def delete_stream(request: web.Request) -> web.Response:
@@ -242,6 +224,8 @@ async def head_stream(request: web.Request) -> web.Response:
     meta = await gateway_of(request).store.head(_sid(request))
     headers = responses.stream_state(meta)
     headers["Cache-Control"] = caching.NO_STORE
+    if caching.matches(request.headers.get("If-None-Match"), headers["ETag"]):  # Ursula's polling
+        return web.Response(status=304, headers={"ETag": headers["ETag"], "Cache-Control": caching.NO_STORE})
     return web.Response(status=200, headers=headers)
 
 

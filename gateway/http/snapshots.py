@@ -61,7 +61,8 @@ async def put_snapshot(request: web.Request) -> web.Response:
     content_type = raw_type if raw_type else DEFAULT_CONTENT_TYPE
     validate_content_type(content_type)
     limit = gw.settings.max_snapshot_bytes
-    body = await read_body(request, max_bytes=limit, timeout=gw.settings.body_timeout, budget=gw.bodies)
+    timeout, budget = gw.settings.body_timeout, gw.bodies
+    body = await read_body(request, max_bytes=limit, timeout=timeout, budget=budget, streamed=True)
     tail = await gw.store.snapshots.publish(sid, position, content_type, body)
     headers = {"Stream-Next-Offset": offsets.encode(tail), SNAPSHOT_OFFSET: offsets.encode(position)}
     return web.Response(status=204, headers=headers)
@@ -73,7 +74,8 @@ async def latest_snapshot(request: web.Request) -> web.Response:
     state = await gateway_of(request).store.snapshots.state(sid)
     if state.snapshot is None:
         raise ProtocolError(404, "no snapshot has been published for this stream")
-    location = f"{request.path.rstrip('/')}/{offsets.encode(state.snapshot.position)}"
+    # The raw (still percent-encoded) path: a decoded '?' or '%' would name another URL.
+    location = f"{request.raw_path.split('?', 1)[0].rstrip('/')}/{offsets.encode(state.snapshot.position)}"
     return web.Response(status=307, headers={"Location": location, **_state_headers(state, state.snapshot)})
 
 
@@ -130,10 +132,18 @@ async def bootstrap(request: web.Request) -> web.StreamResponse:
         raise bad_request("bootstrap is not live: read it, then GET the stream from Stream-Next-Offset")
     gw = gateway_of(request)
     sid = await _stream(request, "read")
-    state, blob = await _with_blob(gw.store.snapshots, sid)
-    snapshot, end = state.snapshot, state.tail
-    # The first read before anything is sent: a 404 or 410 is still an answer of its own.
-    chunk = await gw.store.read(sid, snapshot.position if snapshot is not None else offsets.BEGINNING)
+    # The first read before anything is sent: a 404 is still an answer of its own. A newer
+    # snapshot published in between raised the floor above this one (410): start again
+    # from it. Once under way, the rest is read below the floor if need be (still stored).
+    for attempt in range(3):
+        state, blob = await _with_blob(gw.store.snapshots, sid)
+        snapshot, end = state.snapshot, state.tail
+        try:
+            chunk = await gw.store.read(sid, snapshot.position if snapshot is not None else offsets.BEGINNING)
+            break
+        except ProtocolError as exc:
+            if exc.status != 410 or attempt == 2:
+                raise
     boundary = uuid.uuid4().hex
     response = web.StreamResponse(
         headers={
@@ -164,7 +174,7 @@ async def bootstrap(request: web.Request) -> web.StreamResponse:
             await part(media, b"".join(data[: end - pos] for pos, data in entries))
         if not entries or chunk.end >= end:
             break
-        chunk = await gw.store.read(sid, chunk.end)
+        chunk = await gw.store.read(sid, chunk.end, below_floor=True)
     await response.write(f"--{boundary}--\r\n".encode())
     await response.write_eof()
     return response

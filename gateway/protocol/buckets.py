@@ -18,8 +18,9 @@ DEFAULT_BUCKET = "_default"
 MAX_PATH_BYTES = 122  # a stream id, and bucket + "/" + stream id, at most (Ursula's limit)
 LISTING = "streams"  # /{bucket}/streams lists the bucket: no stream may be named so
 _BUCKET = re.compile(r"[a-z0-9_-]{4,64}")
-# Names the server's own root routes take (/healthz, /readyz, /metrics, /auth/sign).
-RESERVED = frozenset({"healthz", "readyz", "metrics", "auth"})
+# Names the server's own routes take (/healthz, /readyz, /metrics, /auth/sign), and the
+# protocol's reserved namespace (no stream may be named under __ds/).
+RESERVED = frozenset({"healthz", "readyz", "metrics", "auth", "__ds"})
 
 
 def validate_bucket(name: str, reserved: frozenset[str] = RESERVED) -> str:

@@ -128,6 +128,7 @@ class CreateSpec:
     # the fork exists), the protocol's semantics. False, for a forker who may only read the
     # source: a weak fork, which loses its inherited range once the source is deleted.
     pin_source: bool = True
+    if_match: str = ""  # If-Match for create.lua (conditions.IfMatch.script_arg), '' none
 
 
 @dataclass(frozen=True)
@@ -137,3 +138,4 @@ class AppendResult:
     closed: bool
     producer_epoch: int | None = None
     producer_seq: int | None = None
+    created: str | None = None  # the stream's incarnation (its ETag's), when appended

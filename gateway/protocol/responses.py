@@ -33,6 +33,7 @@ EXPOSED = ", ".join(
         "ETag",
         "Location",
         STREAM_SNAPSHOT_OFFSET,
+        "Stream-Earliest-Offset",
     ]
 )
 

@@ -120,6 +120,7 @@ class Appends:
                 closed=text(result[2]) == "1",
                 producer_epoch=producer.epoch if producer else None,
                 producer_seq=int(result[4]) if status == "dup" else (producer.seq if producer else None),
+                created=text(result[3]) if status == "ok" and len(result) > 3 else None,
             )
         raise append_error(status, result, sid)
 

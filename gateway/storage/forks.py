@@ -43,6 +43,7 @@ from ..protocol.headers import Expiry, normalize_content_type, parse_expires_at
 from ..protocol.models import LEGACY_INCARNATION, CreateSpec, InheritedRange, Meta, text
 from . import keys
 from .limits import MAX_FORK_DEPTH, MAX_FORK_SUB_MESSAGES, MAX_SCRIPT_ENTRIES
+from .outcomes import dropped
 from .reads import Reads
 from .scripts import Scripts
 
@@ -94,6 +95,8 @@ class Forks:
         anchor = source.tail if spec.fork_offset is None else offsets.decode(spec.fork_offset)
         if anchor > source.tail:
             raise bad_request("Stream-Fork-Offset is beyond the source stream's tail")
+        if anchor < source.floor:  # below what the source retains (retention, a snapshot)
+            raise dropped(source.floor)
         point = anchor
         if spec.fork_sub_offset:
             point = await self._resolve_sub_offset(source, anchor, spec.fork_sub_offset)

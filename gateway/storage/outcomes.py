@@ -62,7 +62,9 @@ def dropped(floor: int | None = None) -> ProtocolError:
         return ProtocolError(410, "the data at this offset was dropped by the retention policy")
     earliest = offsets.encode(floor)
     message = f"the data at this offset is no longer retained; the earliest offset is {earliest}"
-    return ProtocolError(410, message, {"Stream-Next-Offset": earliest})
+    # Ursula names it Stream-Earliest-Offset; Stream-Next-Offset too: where to read from.
+    headers = {"Stream-Earliest-Offset": earliest, "Stream-Next-Offset": earliest}
+    return ProtocolError(410, message, headers)
 
 
 def inherited_gone(fork_point: int | None = None) -> ProtocolError:

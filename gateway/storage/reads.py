@@ -71,9 +71,11 @@ class Reads:
     async def head(self, sid: str) -> Meta:
         return (await self._read(sid, -1, refresh=False))[0]
 
-    async def read(self, sid: str, start: int | None) -> Chunk:
+    async def read(self, sid: str, start: int | None, *, below_floor: bool = False) -> Chunk:
         """Data from ``start`` (None: the tail; offsets.BEGINNING: the oldest
-        retained data), up to the chunk size.
+        retained data), up to the chunk size. ``below_floor``: serve what is still stored
+        below the floor rather than 410 (a bootstrap under way when a newer snapshot
+        raised it: http/snapshots.py).
 
         Reads refresh a sliding TTL. Archived data is read from its files and a
         fork's inherited range from its ancestors; data below the tail never
@@ -90,7 +92,7 @@ class Reads:
                 found = None
         if start > meta.tail:
             raise bad_request("offset is beyond the stream's tail")
-        if start < meta.floor:
+        if start < meta.floor and not below_floor:
             raise dropped(meta.floor)
         entries: list[Entry] = []
         if start < meta.base:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import time
 import uuid
 from dataclasses import dataclass
@@ -25,9 +26,13 @@ from dataclasses import dataclass
 from ..archive.files import Archive
 from ..protocol.errors import ProtocolError
 from ..protocol.models import text
+from ..telemetry.logs import RateLimited
 from . import keys
 from .outcomes import not_found
 from .scripts import Scripts
+
+log = logging.getLogger(__name__)
+limited = RateLimited(log)
 
 
 @dataclass(frozen=True)
@@ -78,8 +83,14 @@ class Snapshots:
             result = await self.scripts.on_stream(
                 "snapshot_set", sid, state.created, position, content_type, file
             )
-        except BaseException:
-            await self._remove(file)  # refused, or its outcome unknown: a stray blob at worst
+        except Exception:
+            # Unanswered: it may have been recorded. Its blob goes only if it surely was not
+            # (a stray file at worst, never a record naming a removed blob).
+            recorded = await self._recorded(sid)
+            if recorded == file:
+                return state.tail
+            if recorded is not None:
+                await self._remove(file)
             raise
         status = text(result[0])
         if status != "ok":
@@ -92,7 +103,16 @@ class Snapshots:
             raise ProtocolError(409, detail[status])
         if text(result[1]):
             await self._remove(text(result[1]))
-        return state.tail
+        return int(text(result[2])) if len(result) > 2 else state.tail
+
+    async def _recorded(self, sid: str) -> str | None:
+        """The blob file the stream's meta names now ('' none); None when that cannot be learned."""
+        meta = keys.stream_keys(sid)[0]
+        try:
+            raw = await self.scripts.command(meta, "HGET", meta, "snap_file")
+        except Exception:
+            return None
+        return "" if raw is None else text(raw)
 
     async def blob(self, snapshot: Snapshot) -> bytes | None:
         """The blob's bytes; None when it was replaced (and removed) meanwhile."""
@@ -106,4 +126,9 @@ class Snapshots:
         await self._remove(file)
 
     async def _remove(self, file: str) -> None:
-        await asyncio.to_thread(self.archive.delete, file)
+        """Best effort: the answer about the snapshot (or the stream) stands; a blob left
+        behind is a stray file, logged."""
+        try:
+            await asyncio.to_thread(self.archive.delete, file)
+        except Exception as exc:
+            limited.log(logging.WARNING, "snapshot-blob", "snapshot blob %s not removed: %s", file, exc)

@@ -21,9 +21,11 @@ from __future__ import annotations
 import json
 
 from ..archive.cold import ColdReader
+from ..protocol.conditions import precondition_failed
 from ..protocol.errors import ProtocolError
 from ..protocol.headers import DEFAULT_CONTENT_TYPE, Expiry, normalize_content_type
 from ..protocol.models import CreateSpec, Meta, text
+from ..protocol.responses import current_state
 from . import keys
 from .appends import Appends
 from .buckets import Buckets
@@ -138,12 +140,17 @@ class Store:
                 "1" if fork and not spec.pin_source else "0",
                 "1" if record else "0",
                 keys.SUBS_WAKE_CHANNEL,
+                spec.if_match,
                 *spec.entries,
             ],
         )
         status = text(result[0])
         if status == "conflict":
             raise ProtocolError(409, "stream exists with a different configuration")
+        if status == "precondition_failed":
+            tail, incarnation = text(result[1]), text(result[2])
+            state = current_state(sid, incarnation, int(tail), False) if tail else {}
+            raise precondition_failed(state)
         meta = Meta.parse(sid, result[1])
         if status == "created":
             if spec.entries:
