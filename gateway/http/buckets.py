@@ -22,20 +22,21 @@ from aiohttp import web
 from ..protocol.buckets import (
     DEFAULT_BUCKET,
     LISTING,
+    bucket_stream,
     in_bucket,
     path_prefix,
     stream_id_of,
     stream_path,
     validate_bucket,
-    validate_stream_id,
 )
 from ..protocol.errors import coded
-from ..protocol.listing import Position, check_listable, encode_cursor, parse_query, readable_prefixes
+from ..protocol.listing import Position, encode_cursor, parse_query
 from ..storage.buckets import Buckets
 from . import snapshots
 from .context import gateway_of
 from .guard import Guard
 from .handlers import options_stream
+from .listing import visible_page
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -96,11 +97,7 @@ async def list_bucket(request: web.Request) -> web.Response:
     start = query.start
     if listing.parts == 1 and start.after is not None:
         start = Position(0, stream_path(name, start.after))
-    prefixes = readable_prefixes(principal, full)
-    check_listable(principal, prefixes)
-    page = await listing.page(
-        prefixes, start, query.limit, lambda p: in_bucket(name, p) and principal.allows("read", p)
-    )
+    page = await visible_page(listing, principal, full, start, query.limit, lambda p: in_bucket(name, p))
     cursor = None
     if page.next is not None:
         after = page.next.after
@@ -137,8 +134,7 @@ async def admit_bucket_stream(guard: Guard, request: web.Request) -> None:
     put where the stream handlers find it, then it is admitted as theirs. Creating a
     stream needs its bucket to exist (``/v1/stream/`` never asks)."""
     info = request.match_info
-    name = validate_bucket(info["bucket"])
-    info["path"] = stream_path(name, validate_stream_id(name, info["stream"]))
+    name, info["path"] = bucket_stream(info["bucket"], info["stream"])
     await guard.admit_stream(request)
     if request.method == "PUT" and not await gateway_of(request).store.buckets.exists(name):
         raise _not_found(name)

@@ -16,6 +16,7 @@ without credentials that may read nothing there gets 401.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -23,7 +24,7 @@ from aiohttp import web
 from ..protocol import offsets
 from ..protocol.access import Principal
 from ..protocol.errors import ProtocolError
-from ..protocol.listing import Query, check_listable, encode_cursor, parse_query, readable_prefixes
+from ..protocol.listing import Position, check_listable, encode_cursor, parse_query, readable_prefixes
 from ..storage import keys
 from ..storage.listing import MAX_PRODUCERS, Listed, Listing, Page
 from .context import gateway_of
@@ -37,14 +38,7 @@ async def list_streams(request: web.Request) -> web.Response:
     listing = gw.store.listing
     query = parse_query(request.query, listing.parts)
     principal = await gw.guard.admit_listing(request, query.prefix)
-    if principal.only_path is not None:  # a signed URL: its one stream, looked up exactly
-        page = Page(await _signed(listing, principal, query), None)
-    else:
-        prefixes = readable_prefixes(principal, query.prefix)
-        check_listable(principal, prefixes)
-        page = await listing.page(
-            prefixes, query.start, query.limit, lambda path: principal.allows("read", path)
-        )
+    page = await visible_page(listing, principal, query.prefix, query.start, query.limit)
     body = {
         "prefix": query.prefix,
         "streams": [_item(listed) for listed in page.streams],
@@ -54,14 +48,29 @@ async def list_streams(request: web.Request) -> web.Response:
     return web.json_response(body, headers={"Cache-Control": "no-store"})
 
 
-async def _signed(listing: Listing, principal: Principal, query: Query) -> list[Listed]:
-    path = principal.only_path or ""
-    if query.start.after is not None or not path.startswith(query.prefix):
-        return []
-    if not principal.allows("read", path):
-        return []
-    listed = await listing.one(keys.stream_id(path), producers=0)
-    return [] if listed is None else [listed]
+async def visible_page(
+    listing: Listing,
+    principal: Principal,
+    prefix: str,
+    start: Position,
+    limit: int,
+    within: Callable[[str], bool] = lambda _: True,
+) -> Page:
+    """The page of paths under ``prefix`` (and ``within``) that ``principal`` may read:
+    its grants narrow the ranges read and each path is checked; a signed URL's one stream
+    is looked up exactly; 401 without credentials that may read anything there. Shared
+    by this listing and a bucket's (http/buckets.py)."""
+    only = principal.only_path
+    if only is not None:  # a signed URL: its one stream, looked up exactly
+        if start.after is not None or not only.startswith(prefix) or not within(only):
+            return Page([], None)
+        if not principal.allows("read", only):
+            return Page([], None)
+        listed = await listing.one(keys.stream_id(only), producers=0)
+        return Page([] if listed is None else [listed], None)
+    prefixes = readable_prefixes(principal, prefix)
+    check_listable(principal, prefixes)
+    return await listing.page(prefixes, start, limit, lambda p: within(p) and principal.allows("read", p))
 
 
 async def one_stream(request: web.Request) -> web.Response:

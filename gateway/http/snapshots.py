@@ -15,7 +15,7 @@ from aiohttp import web
 
 from ..protocol import offsets
 from ..protocol.access import Scope
-from ..protocol.buckets import stream_path, validate_bucket, validate_stream_id
+from ..protocol.buckets import bucket_stream
 from ..protocol.errors import ProtocolError, bad_request
 from ..protocol.headers import DEFAULT_CONTENT_TYPE, validate_content_type
 from ..protocol.headers import STREAM_SNAPSHOT_OFFSET as SNAPSHOT_OFFSET
@@ -29,9 +29,7 @@ _DECIMAL_WIDTH = 20  # Ursula's offsets: 20-digit zero-padded decimals
 
 async def _stream(request: web.Request, scope: Scope) -> str:
     """The stream id a ``/{bucket}/{stream}/...`` request names, once admitted for ``scope``."""
-    info = request.match_info
-    bucket = validate_bucket(info["bucket"])
-    path = stream_path(bucket, validate_stream_id(bucket, info["stream"]))
+    _, path = bucket_stream(request.match_info["bucket"], request.match_info["stream"])
     await gateway_of(request).guard.admit_path(request, path, scope)
     return keys.stream_id(path)
 

@@ -48,6 +48,12 @@ def validate_stream_id(bucket: str, stream: str) -> str:
     return stream
 
 
+def bucket_stream(bucket: str, stream: str) -> tuple[str, str]:
+    """(bucket, path) a ``/{bucket}/{stream}`` request names, both validated (400)."""
+    name = validate_bucket(bucket)
+    return name, stream_path(name, validate_stream_id(name, stream))
+
+
 def stream_path(bucket: str, stream: str) -> str:
     """The path ``/{bucket}/{stream}`` names (under the protocol's prefix)."""
     return stream if bucket == DEFAULT_BUCKET else f"{bucket}/{stream}"

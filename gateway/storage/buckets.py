@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import time
 
-from redis.crc import REDIS_CLUSTER_HASH_SLOTS
-
 from ..protocol.buckets import DEFAULT_BUCKET, in_bucket, path_prefix
 from ..protocol.listing import Position
 from ..protocol.models import text
@@ -65,8 +63,7 @@ class Buckets:
             return await self._count_default()
         bounds = lex_range(encoded(path_prefix(name)), None)
         assert bounds is not None
-        parts = range(REDIS_CLUSTER_HASH_SLOTS) if self.scripts.cluster else [0]
-        indexes = [keys.index_of_slot(p) if self.scripts.cluster else keys.STREAM_INDEX for p in parts]
+        indexes = [self.listing.index(part) for part in range(self.listing.parts)]
         replies = await self.scripts.command_each([(i, ["ZLEXCOUNT", i, *bounds]) for i in indexes])
         total = 0
         for reply in replies:

@@ -208,11 +208,7 @@ def subs_outbox(sid: str, cluster: bool) -> str:
     """The outbox a stream's appends record wakes in: on Redis Cluster its slot's."""
     if not cluster:
         return SUBS_OUTBOX
-    return _outbox_of_slot(stream_slot(sid))
-
-
-def _outbox_of_slot(slot: int) -> str:
-    return _of_slot(SUBS_OUTBOX, slot)
+    return _of_slot(SUBS_OUTBOX, stream_slot(sid))
 
 
 def _of_slot(name: str, slot: int) -> str:
@@ -229,7 +225,7 @@ def outbox_keys(cluster: bool, slots: list[int] | None = None) -> list[str]:
     """Every outbox (or those of ``slots``)."""
     if not cluster:
         return [SUBS_OUTBOX]
-    return [_outbox_of_slot(s) for s in (range(REDIS_CLUSTER_HASH_SLOTS) if slots is None else slots)]
+    return [_of_slot(SUBS_OUTBOX, s) for s in (range(REDIS_CLUSTER_HASH_SLOTS) if slots is None else slots)]
 
 
 # -- the stream index (storage/listing.py) ------------------------------------------

@@ -76,7 +76,8 @@ class Listing:
         self.scripts = scripts
         self.parts = REDIS_CLUSTER_HASH_SLOTS if scripts.cluster else 1
 
-    def _index(self, part: int) -> str:
+    def index(self, part: int) -> str:
+        """The index key of one part (one Redis: the only one; Redis Cluster: a slot's)."""
         return keys.index_of_slot(part) if self.scripts.cluster else keys.STREAM_INDEX
 
     async def page(
@@ -106,7 +107,7 @@ class Listing:
                 end = Position(parts.stop)
             infos = await self.scripts.run_each(
                 "stream_info",
-                [([*keys.stream_keys(sid), self._index(part)], [0]) for part, sid in candidates],
+                [([*keys.stream_keys(sid), self.index(part)], [0]) for part, sid in candidates],
             )
             for (part, sid), info in zip(candidates, infos, strict=True):
                 if isinstance(info, Exception):
@@ -140,7 +141,7 @@ class Listing:
             after = None
             if part == position.part and position.after is not None:
                 after = encoded(position.after)
-            index = self._index(part)
+            index = self.index(part)
             for prefix in prefixes:
                 bounds = lex_range(prefix, after)
                 if bounds is not None:
