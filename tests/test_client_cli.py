@@ -12,6 +12,7 @@ import signal
 import sys
 import uuid
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import aiohttp
 import pytest
@@ -20,7 +21,7 @@ import redis.asyncio as aioredis
 from gateway.cli.embedded import EmbeddedRedis
 from gateway.cli.main import main
 
-from .conftest import free_port, serving
+from .conftest import free_port, serving, start_gateway
 
 TOKEN = "cli-writer-token-0123456789"
 
@@ -203,6 +204,107 @@ async def test_exit_codes(cli: Cli, gateway: str, redis_url: str, tmp_path: Path
             "create", f"cli/{_name()}", "--url", secured, "--token-file", str(tmp_path / "token")
         )
         assert code == 0, err
+
+
+def _origin(url: str) -> str:
+    """The server's address: scheme and host of ``url``, no path."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+def _note(command: str, base: str) -> str:
+    return (
+        f"durable-streams {command}: note: using {base} (the server's stream prefix); "
+        "pass it as --url to skip this check\n"
+    )
+
+
+async def test_server_address_as_url_finds_the_prefix(cli: Cli, gateway: str) -> None:
+    """--url the server's address (issue 26): every command goes to the streams' prefix,
+    said once on stderr; nothing is sent to the root's bucket routes (where ls answered
+    400 "'__ds' is the name of one of the server's routes", exit 7)."""
+    origin, name = _origin(gateway), _name()
+    assert (await cli("create", name, "--url", gateway, "--content-type", "text/plain", "hi"))[0] == 0
+    code, out, err = await cli("ls", name, "--url", origin)
+    assert (code, out, err) == (0, f"{name}\n".encode(), _note("ls", gateway))
+    code, out, err = await cli("info", name, "--url", origin + "/", "--json")
+    assert (code, err) == (0, _note("info", gateway)) and json.loads(out)["url"] == f"{gateway}/{name}"
+    code, out, err = await cli("cat", name, "--url", origin)
+    assert (code, out, err) == (0, b"hi", _note("cat", gateway))
+    # Writes too (at the root, create made a bucket of that name and said "created").
+    code, out, err = await cli("create", f"{name}-new", "--url", origin, "--content-type", "text/plain")
+    assert (code, err) == (0, _note("create", gateway))
+    assert out.startswith(f"created {gateway}/{name}-new (text/plain, ".encode())
+    code, out, err = await cli("append", name, "--url", origin, "!")
+    assert (code, err) == (0, _note("append", gateway))
+    code, out, err = await cli("fork", f"{name}-copy", "--from", name, "--url", origin, "--json")
+    assert (code, err) == (0, _note("fork", gateway)) and json.loads(out)["url"] == f"{gateway}/{name}-copy"
+    cli.monkeypatch.setenv("DURABLE_STREAMS_URL", origin)  # the variable, as --url
+    code, out, err = await cli("close", name)
+    assert (code, err) == (0, _note("close", gateway))
+    assert out == f"closed {gateway}/{name} at 0000000000000000_0000000000000003\n".encode()
+    cli.monkeypatch.delenv("DURABLE_STREAMS_URL")
+    code, out, err = await cli("tail", name, "--url", origin, "--offset", "-1")  # closed: to its end
+    assert (code, out, err) == (0, b"hi!", _note("tail", gateway))
+    # The prefix itself, or only full URLs: no check, no note.
+    code, out, err = await cli("ls", name, "--url", gateway)
+    assert (code, out, err) == (0, f"{name}\n{name}-copy\n{name}-new\n".encode(), "")
+    code, out, err = await cli("cat", f"{gateway}/{name}", "--url", origin)
+    assert (code, out, err) == (0, b"hi!", "")
+    code, out, err = await cli("rm", f"{name}-copy", "--url", origin)
+    assert (code, out, err) == (0, f"deleted {gateway}/{name}-copy\n".encode(), _note("rm", gateway))
+    # Unreachable: exit 6 as before, naming the URL given.
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    code, _, err = await cli("info", name, "--url", nowhere)
+    assert code == 6 and "cannot reach" in err and err.rstrip().endswith(f"({nowhere})")
+
+
+async def test_server_address_as_url_other_prefixes(cli: Cli, redis_url: str) -> None:
+    name = _name()
+    # A prefix of its own: GET / leads to the console under it.
+    server = await start_gateway(redis_url, prefix="/streams")
+    try:
+        origin = _origin(str(server.make_url("/")))
+        base = f"{origin}/streams"
+        code, out, err = await cli("ls", "--url", origin)
+        assert (code, err) == (0, _note("ls", base))
+        code, out, err = await cli("create", name, "--url", origin, "--content-type", "text/plain", "x")
+        assert (code, err) == (0, _note("create", base))
+        assert out.startswith(f"created {base}/{name} ".encode())
+        code, out, err = await cli("ls", name, "--url", base)
+        assert (code, out, err) == (0, f"{name}\n".encode(), "")
+    finally:
+        await server.close()
+    # ... with the console off: nothing says it, a usage error names the URL to give.
+    server = await start_gateway(redis_url, prefix="/streams", console="off")
+    try:
+        origin = _origin(str(server.make_url("/")))
+        refusal = (
+            f"--url {origin} is the server's address, not the streams' base URL, and its stream prefix "
+            f"is not /v1/stream: pass --url {origin}/PREFIX, PREFIX being the server's --prefix "
+            "(DURABLE_STREAMS_PREFIX)\n"
+        )
+        for command in ("ls", "info", "cat"):
+            code, out, err = await cli(command, *([name] if command != "ls" else []), "--url", origin)
+            assert (code, out, err) == (2, b"", f"durable-streams {command}: {refusal}")
+        code, out, err = await cli("info", name, "--url", f"{origin}/streams")
+        assert (code, err) == (0, "") and b"content-type: text/plain" in out
+    finally:
+        await server.close()
+    # The usual prefix with the console off: found by its listing.
+    async with serving(redis_url, console="off") as base:
+        code, out, err = await cli("ls", name, "--url", _origin(base))
+        assert (code, out, err) == (0, f"{name}\n".encode(), _note("ls", base))
+    # Streams at the root: the server's address is their base URL, used as it is.
+    server = await start_gateway(redis_url, prefix="/")
+    try:
+        origin = _origin(str(server.make_url("/")))
+        code, out, err = await cli("create", f"{name}-root", "--url", origin, "--content-type", "text/plain")
+        assert (code, err) == (0, "") and out.startswith(f"created {origin}/{name}-root ".encode())
+        code, out, err = await cli("ls", name, "--url", origin)
+        assert (code, out, err) == (0, f"{name}\n{name}-root\n".encode(), "")
+    finally:
+        await server.close()
 
 
 async def _tail(base: str, *args: str) -> asyncio.subprocess.Process:

@@ -20,7 +20,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urljoin, urlsplit, urlunsplit
 
 import aiohttp
 from multidict import CIMultiDictProxy
@@ -32,13 +32,16 @@ JSON_TYPE = "application/json"
 SSE_READ_SECONDS = 60.0  # an SSE connection silent this long is dead: servers send heartbeats (15 s here)
 RECONNECT_MAX_SECONDS = 5.0  # longest pause between tail's reconnection attempts
 PRODUCER_RETRIES = 3  # a producer's append is deduplicated by the server: resending it is safe
+STREAM_PREFIX = "/v1/stream"  # the protocol's usual prefix, this server's default --prefix
+LISTING = "__ds/streams"  # the listing API under the streams' base URL (this server's)
+CONSOLE = "__ds/console/"  # this server's web console under the streams' base URL, where GET / leads
 
 OK, OTHER, USAGE, NOT_FOUND, CONFLICT, UNAUTHORIZED, UNAVAILABLE, BAD_REQUEST = range(8)
 INTERRUPTED = 130  # the shell's code for SIGINT
 EXIT_CODES = """exit codes:
   0  ok
   1  other error (e.g. a 500)
-  2  usage
+  2  usage (also: --url is a server's address whose stream prefix could not be found)
   3  not found or gone (404, 410)
   4  conflict (409: stream closed, configuration mismatch, producer sequence gap; 403 producer fencing)
   5  unauthorized or forbidden (401, 403)
@@ -165,6 +168,122 @@ class Client:
     async def head(self, url: str) -> Reply:
         return await self.call("HEAD", url, ok=(200,))
 
+    async def probe(self, url: str, given: str, *, params: Mapping[str, str] | None = None) -> Reply:
+        """GET ``url`` for what the answer tells of the server: any status, redirects not
+        followed, the body only of a small answer (else none). Unreachable, it fails as the
+        command would have on ``given`` (--url)."""
+        try:
+            async with self.session.get(
+                url, params=params, allow_redirects=False, timeout=aiohttp.ClientTimeout(total=self.timeout)
+            ) as r:
+                body = b""
+                async for piece in r.content.iter_any():
+                    body += piece
+                    if len(body) > PROBE_BYTES:
+                        body = b""
+                        break
+                return Reply(r.status, r.headers, body, r.reason or "")
+        except TimeoutError:
+            raise Failure(UNAVAILABLE, f"timed out after {self.timeout:g} s ({given})") from None
+        except aiohttp.ClientError as exc:
+            raise Failure(UNAVAILABLE, f"cannot reach the server: {exc} ({given})") from None
+
+
+# --- --url given as the server's address -------------------------------------------------------
+#
+# The streams live under the server's prefix (--prefix, /v1/stream by default): the server's
+# bare address as --url puts every path beside them, where this server has Ursula's bucket
+# routes (a request there fails as a bucket's, "'__ds' is the name of one of the server's
+# routes"), or nothing. No endpoint states the prefix; when --url has no path, the client
+# looks for it (at most three GETs, before any request of the command's own):
+#   1. GET <url>/__ds/streams: the listing there: the streams live at the root, --url is right;
+#   2. GET <url>/ leads to the console at <prefix>/__ds/console/ (when it is on): that prefix;
+#   3. GET <url>/v1/stream/__ds/streams: the listing there: the usual prefix.
+# Found: the command goes on there, with a note on stderr. Not found, and 1. was this server's
+# bucket refusal: a usage error naming the URL to give. Anything else (another server): --url
+# as given, as before.
+
+PROBE_BYTES = 1 << 16  # a listing page of one stream, an error: a larger answer is none of these
+
+
+def _server_address(url: str) -> bool:
+    """Whether --url has no path: the streams' base URL only for a server serving them at its root."""
+    parts = urlsplit(url)
+    return parts.scheme in ("http", "https") and parts.path in ("", "/") and not parts.query
+
+
+def _puts_paths_under_url(args: argparse.Namespace) -> bool:
+    """Whether the command makes a URL under --url (ls always, the others unless every
+    STREAM is a full URL)."""
+    if args.command == "ls":
+        return True
+    named = (getattr(args, name, None) for name in ("stream", "source"))
+    return any(value is not None and not value.startswith(("http://", "https://")) for value in named)
+
+
+def _is_listing(reply: Reply) -> bool:
+    """A listing's answer, or its refusal of these credentials: the listing lives here."""
+    if reply.status in (401, 403):
+        return True
+    with contextlib.suppress(ValueError):
+        found = json.loads(reply.body) if reply.status == 200 else None
+        return isinstance(found, dict) and isinstance(found.get("streams"), list)
+    return False
+
+
+def _is_bucket_refusal(reply: Reply) -> bool:
+    """This server's answer to ``/__ds/...`` at its root when its streams live under a prefix."""
+    with contextlib.suppress(ValueError):
+        found = json.loads(reply.body) if reply.status == 400 else None
+        error = found.get("error") if isinstance(found, dict) else None
+        return isinstance(error, dict) and error.get("code") == "invalid_bucket_id"
+    return False
+
+
+async def _console_base(client: Client, origin: str, given: str) -> str | None:
+    """The streams' base URL that ``GET /`` names, leading to the console under it."""
+    reply = await client.probe(origin + "/", given)
+    location = reply.headers.get("Location") if 300 <= reply.status < 400 else None
+    if not location:
+        return None
+    target, here = urlsplit(urljoin(origin + "/", location)), urlsplit(origin)
+    elsewhere = (target.scheme, target.netloc) != (here.scheme, here.netloc)
+    if elsewhere or not target.path.endswith("/" + CONSOLE):
+        return None
+    prefix = target.path[: -len(CONSOLE)].rstrip("/")
+    return urlunsplit((here.scheme, here.netloc, prefix, "", "")) if prefix else None
+
+
+async def _usual_base(client: Client, origin: str, given: str) -> str | None:
+    base = origin + STREAM_PREFIX
+    reply = await client.probe(stream_url(base, LISTING), given, params={"limit": "1"})
+    return base if _is_listing(reply) else None
+
+
+async def find_base(client: Client, args: argparse.Namespace) -> None:
+    """--url made the streams' base URL when it is the server's address (above)."""
+    given = args.url
+    origin = given.rstrip("/")
+    at_root = await client.probe(stream_url(origin, LISTING), given, params={"limit": "1"})
+    if _is_listing(at_root):
+        return
+    base = await _console_base(client, origin, given) or await _usual_base(client, origin, given)
+    if base is not None:
+        print(
+            f"durable-streams {args.command}: note: using {base} (the server's stream prefix); "
+            "pass it as --url to skip this check",
+            file=sys.stderr,
+            flush=True,
+        )
+        args.url = base
+    elif _is_bucket_refusal(at_root):
+        raise Failure(
+            USAGE,
+            f"--url {given} is the server's address, not the streams' base URL, and its stream prefix "
+            f"is not {STREAM_PREFIX}: pass --url {origin}/PREFIX, PREFIX being the server's --prefix "
+            "(DURABLE_STREAMS_PREFIX)",
+        )
+
 
 @contextlib.asynccontextmanager
 async def _client(args: argparse.Namespace, *, live: bool = False) -> AsyncIterator[Client]:
@@ -175,7 +294,10 @@ async def _client(args: argparse.Namespace, *, live: bool = False) -> AsyncItera
     else:
         timeout = aiohttp.ClientTimeout(total=args.timeout)
     async with aiohttp.ClientSession(headers=headers, timeout=timeout) as session:
-        yield Client(session, args.timeout)
+        client = Client(session, args.timeout)
+        if _server_address(args.url) and _puts_paths_under_url(args):
+            await find_base(client, args)  # may change args.url: URLs under it are made after this
+        yield client
 
 
 def _emit(data: bytes) -> None:
@@ -214,14 +336,11 @@ def _body(data: list[str], content_type: str | None) -> bytes:
 # --- commands ---------------------------------------------------------------------------------
 
 
-LISTING = "__ds/streams"  # the listing API under the streams' base URL (this server's)
-
-
 async def ls(args: argparse.Namespace) -> int:
     """The streams under PREFIX, page after page (``next_cursor``) until ``--limit``."""
-    url = stream_url(args.url, LISTING)
     listed, after = 0, ""
     async with _client(args) as client:
+        url = stream_url(args.url, LISTING)
         while args.limit is None or listed < args.limit:
             size = 1000 if args.limit is None else min(1000, args.limit - listed)
             params = {"prefix": args.prefix, "limit": str(size), **({"after": after} if after else {})}
@@ -245,8 +364,8 @@ async def ls(args: argparse.Namespace) -> int:
 
 
 async def info(args: argparse.Namespace) -> int:
-    url = stream_url(args.url, args.stream)
     async with _client(args) as client:
+        url = stream_url(args.url, args.stream)
         h = (await client.head(url)).headers
     found = {
         "url": url,
@@ -295,8 +414,8 @@ class Progress:
 
 
 async def cat(args: argparse.Namespace) -> int:
-    url = stream_url(args.url, args.stream)
     async with _client(args) as client:
+        url = stream_url(args.url, args.stream)
         head = (await client.head(url)).headers  # the content type, and the tail for the bar
         is_json = _is_json(head.get("Content-Type"))
         if args.json_lines and not is_json:
@@ -365,9 +484,9 @@ async def _sse_events(response: aiohttp.ClientResponse) -> AsyncIterator[tuple[s
 
 
 async def tail(args: argparse.Namespace) -> int:
-    url = stream_url(args.url, args.stream)
     offset, cursor = args.offset, None
     async with _client(args, live=True) as client:
+        url = stream_url(args.url, args.stream)
         head = (await client.head(url)).headers
         is_json = _is_json(head.get("Content-Type"))
         failing_since: float | None = None
@@ -428,9 +547,9 @@ def _producer_headers(args: argparse.Namespace) -> dict[str, str]:
 
 
 async def append(args: argparse.Namespace) -> int:
-    url = stream_url(args.url, args.stream)
     producer = _producer_headers(args)
     async with _client(args) as client:
+        url = stream_url(args.url, args.stream)
         content_type = args.content_type or (await client.head(url)).headers.get("Content-Type")
         body = _body(args.data, content_type)
         headers = dict(producer)
@@ -491,33 +610,34 @@ def _created(args: argparse.Namespace, url: str, reply: Reply, extra: dict[str, 
 
 
 async def create(args: argparse.Namespace) -> int:
-    url = stream_url(args.url, args.stream)
     content_type = args.content_type or DEFAULT_CONTENT_TYPE
     headers = {"Content-Type": content_type, **_lifetime_headers(args)}
     if args.closed:
         headers["Stream-Closed"] = "true"
     body = _body(args.data, content_type) if args.data else b""  # never waits on stdin
     async with _client(args) as client:
+        url = stream_url(args.url, args.stream)
         reply = await client.call("PUT", url, headers=headers, data=body, ok=(200, 201))
     return _created(args, url, reply, {})
 
 
 async def fork(args: argparse.Namespace) -> int:
-    url = stream_url(args.url, args.stream)
-    source = stream_url(args.url, args.source)
-    headers = {"Stream-Forked-From": urlsplit(source).path, **_lifetime_headers(args)}
+    headers = _lifetime_headers(args)
     if args.offset is not None:
         headers["Stream-Fork-Offset"] = args.offset
     if args.content_type:
         headers["Content-Type"] = args.content_type
     async with _client(args) as client:
+        url = stream_url(args.url, args.stream)
+        source = stream_url(args.url, args.source)
+        headers["Stream-Forked-From"] = urlsplit(source).path
         reply = await client.call("PUT", url, headers=headers, data=b"", ok=(200, 201))
     return _created(args, url, reply, {"forked_from": source, "fork_offset": args.offset})
 
 
 async def close(args: argparse.Namespace) -> int:
-    url = stream_url(args.url, args.stream)
     async with _client(args) as client:
+        url = stream_url(args.url, args.stream)
         reply = await client.call("POST", url, headers={"Stream-Closed": "true"}, data=b"")
     offset = reply.headers.get("Stream-Next-Offset")
     if args.json:
@@ -528,8 +648,8 @@ async def close(args: argparse.Namespace) -> int:
 
 
 async def rm(args: argparse.Namespace) -> int:
-    url = stream_url(args.url, args.stream)
     async with _client(args) as client:
+        url = stream_url(args.url, args.stream)
         await client.call("DELETE", url, ok=(200, 202, 204))
     if args.json:
         _print_json({"url": url, "deleted": True})
@@ -582,7 +702,8 @@ def _common() -> argparse.ArgumentParser:
     common.add_argument(
         "--url",
         default=os.environ.get(URL_ENV) or DEFAULT_URL,
-        help=f"the streams' base URL [env {URL_ENV}; default: %(default)s]",
+        help=f"the streams' base URL (a server's address alone: its stream prefix is looked for) "
+        f"[env {URL_ENV}; default: %(default)s]",
     )
     common.add_argument("--token", help=f"bearer token [env {TOKEN_ENV}]")
     common.add_argument("--token-file", help="file holding the bearer token")
