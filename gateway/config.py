@@ -28,12 +28,12 @@ class Settings:
     min_replicas_ack_timeout: float = 1.0
     data_dir: str = "./data"
     prefix: str = "/v1/stream"
-    max_body_bytes: int = 4 * 1024 * 1024
+    max_body_bytes: int = 64 * 1024 * 1024
     max_snapshot_bytes: int = 128 * 1024 * 1024  # Ursula's snapshot blobs (http/snapshots.py)
     max_chunk_bytes: int = 4 * 1024 * 1024
     read_inline_bytes: int = 64 * 1024
     max_path_bytes: int = 1024
-    max_json_messages: int = 1000
+    max_json_messages: int = 0  # 0: no cap (a body is stored in bounded entries whatever it holds)
     max_inflight_body_bytes: int = 256 * 1024 * 1024
     body_timeout: float = 60.0
     write_timeout: float = 30.0
@@ -168,15 +168,16 @@ HELP = {
     "client gets 504 (append) or 503: stored on the primary, not confirmed by enough replicas",
     "data_dir": "where the embedded Redis keeps its data",
     "prefix": "URL prefix streams live under",
-    "max_body_bytes": "largest request body accepted; larger ones get 413",
+    "max_body_bytes": "largest request body accepted; larger ones get 413 (the official clients batch "
+    "concurrent appends into one request: keep it at tens of MiB)",
     "max_snapshot_bytes": "largest snapshot blob accepted (PUT /{bucket}/{stream}/snapshot/{offset}); larger "
     "ones get 413. Held in memory while it is stored: counted in --max-inflight-body-bytes",
     "max_chunk_bytes": "most bytes one read response returns (clients continue from Stream-Next-Offset)",
     "read_inline_bytes": "reads of byte streams longer than this fetch their data with a plain XRANGE "
     "after the script instead of through Lua (one more round trip; a quarter of Redis' work)",
     "max_path_bytes": "longest stream path accepted",
-    "max_json_messages": "most JSON messages one request may append (a larger array gets 413): "
-    "each is one Redis entry, and the script that stores them runs alone on Redis",
+    "max_json_messages": "most JSON messages one request may append (a larger array gets 413); 0: no "
+    "cap beyond --max-body-bytes (messages are stored in bounded groups: no script runs long for them)",
     "max_inflight_body_bytes": "request body bytes one process holds at once, across requests; "
     "beyond it new bodies get 503 with Retry-After",
     "body_timeout": "seconds a client may take to send a whole request body (then 408)",
@@ -454,7 +455,7 @@ PARSERS: dict[str, Parse] = {
     "max_snapshot_bytes": _whole(1),
     "max_chunk_bytes": _whole(1),
     "max_path_bytes": _whole(1),
-    "max_json_messages": _whole(1),
+    "max_json_messages": _whole(0),
     "max_inflight_body_bytes": _whole(1),
     "archive_file_bytes": _whole(1),
     "webhook_concurrency": _whole(1),

@@ -143,12 +143,15 @@ end
 -- The own-log data covering positions [from, hi) (hi = nil: no bound) as a
 -- flat list {pos, data, pos, data, ...}, at most `budget` bytes and
 -- `max_entries` pieces. Byte entries are cut to fit, since an offset may fall
--- inside an entry; JSON messages (whole = true) are never cut: a message that
+-- inside an entry. JSON (whole = true): an entry holds one or more messages
+-- joined by '\n' (gateway/protocol/entries.py), each at the entry's position
+-- plus the lengths of those before it; messages are never cut: one that
 -- starts before `from` is skipped and the last one may overrun the budget.
 local function collect(from, hi, budget, whole, max_entries)
-  local out, total, last = {}, 0, 0
+  local out, total = {}, 0
+  local last, pieces = 0, 0  -- the latest entry's size, and how many pieces it gave
   local function add(pos, data)
-    last = #data
+    pieces = pieces + 1
     if hi and pos + #data > hi then data = string.sub(data, 1, hi - pos) end
     if not whole and total + #data > budget then data = string.sub(data, 1, budget - total) end
     out[#out + 1] = fmt(pos)
@@ -156,27 +159,44 @@ local function collect(from, hi, budget, whole, max_entries)
     total = total + #data
     return total >= budget or #out >= 2 * max_entries
   end
-  if budget <= 0 or (hi and from >= hi) then return out end
-  local prev = redis.call('XREVRANGE', LOG, eid(from), '-', 'COUNT', 1)[1]
-  if prev then
-    local pos, data = epos(prev[1]), prev[2][2]
-    if pos + #data > from and (pos == from or not whole) then
-      if add(from, string.sub(data, from - pos + 1)) then return out end
+  -- An entry's data from `from` on (and below `hi`): true once the read is full.
+  local function add_entry(pos, data)
+    last, pieces = #data, 0
+    if not whole then
+      if pos < from then return add(from, string.sub(data, from - pos + 1)) end
+      return add(pos, data)
+    end
+    if not string.find(data, '\n', 1, true) then return pos >= from and add(pos, data) end
+    local i = 1
+    while true do
+      local j = string.find(data, '\n', i, true)
+      local message = string.sub(data, i, (j or 0) - 1)
+      if hi and pos >= hi then return true end
+      if pos >= from and add(pos, message) then return true end
+      if not j then return false end
+      pos, i = pos + #message, j + 1
     end
   end
+  if budget <= 0 or (hi and from >= hi) then return out end
+  local prev = redis.call('XREVRANGE', LOG, eid(from), '-', 'COUNT', 1)[1]
+  if prev and epos(prev[1]) + #prev[2][2] > from and add_entry(epos(prev[1]), prev[2][2]) then return out end
   local cursor = '(' .. eid(from)
   while true do
-    -- Fetch about as many entries as the rest of the budget holds at the size of
-    -- the latest one: copying entries into Lua that the read will not use costs
-    -- more than the read (large entries), and one at a time is slow (small ones).
+    -- Fetch about as many entries as the rest of the budget (and of the pieces) holds
+    -- at the size of the latest one: copying entries into Lua that the read will not
+    -- use costs more than the read (large entries), and one at a time is slow (small).
     local count = 8
-    if last > 0 then count = math.max(1, math.min(512, math.floor((budget - total) / last) + 1)) end
+    if last > 0 then
+      count = math.floor((budget - total) / last) + 1
+      if pieces > 0 then count = math.min(count, math.floor((max_entries - #out / 2) / pieces) + 1) end
+      count = math.max(1, math.min(512, count))
+    end
     local batch = redis.call('XRANGE', LOG, cursor, '+', 'COUNT', count)
     if #batch == 0 then return out end
     for _, e in ipairs(batch) do
       local pos = epos(e[1])
       if hi and pos >= hi then return out end
-      if add(pos, e[2][2]) then return out end
+      if add_entry(pos, e[2][2]) then return out end
     end
     cursor = '(' .. batch[#batch][1]
   end
@@ -229,21 +249,67 @@ local function record_for_subscribers(always)
   end
 end
 
--- Append entries ARGV[first..last] at the tail; returns the new tail. Each
--- entry keeps its append time and, from an idempotent producer,
--- "<epoch> <seq> <id>" (the archive's producer columns). `wrote`, if given, is
--- called once the first entry is stored: a refusal (OOM, READONLY, MISCONF)
--- comes at that first write, before anything is stored.
+-- Append entries at the tail: ARGV[first..last] holds pairs (the positions the
+-- entry takes, its bytes): a JSON entry is one or more messages joined by '\n' and
+-- takes their length without the separators, a byte entry its length
+-- (gateway/protocol/entries.py). Returns the new tail. Each entry keeps its
+-- append time and, from an idempotent producer, "<epoch> <seq> <id>" (the
+-- archive's producer columns). `wrote`, if given, is called once the first entry
+-- is stored: a refusal (OOM, READONLY, MISCONF) comes at that first write, before
+-- anything is stored.
 local function add_entries(m, first, last, now, producer, wrote)
   local pos = tonumber(m.tail)
-  for i = first, last do
+  for i = first, last, 2 do
     if producer then
-      redis.call('XADD', LOG, eid(pos), 'd', ARGV[i], 't', now, 'p', producer)
+      redis.call('XADD', LOG, eid(pos), 'd', ARGV[i + 1], 't', now, 'p', producer)
     else
-      redis.call('XADD', LOG, eid(pos), 'd', ARGV[i], 't', now)
+      redis.call('XADD', LOG, eid(pos), 'd', ARGV[i + 1], 't', now)
     end
     if wrote and i == first then wrote() end
-    pos = pos + #ARGV[i]
+    pos = pos + tonumber(ARGV[i])
   end
   return pos
+end
+
+-- Commit appended data: the tail moves to `tail`, with the append's Stream-Seq ('' none),
+-- close, and idempotent producer (`tuple` "<id>\n<epoch>\n<seq>", nil none).
+local function commit(m, tail, sseq, close, tuple, pid, ep, sq)
+  m.tail = fmt(tail)
+  local fields = {'tail', m.tail}
+  if sseq ~= '' then m.seq = sseq; fields[#fields + 1] = 'seq'; fields[#fields + 1] = sseq end
+  if close then
+    m.closed = '1'; fields[#fields + 1] = 'closed'; fields[#fields + 1] = '1'
+    if tuple then m.closed_by = tuple; fields[#fields + 1] = 'closed_by'; fields[#fields + 1] = tuple end
+  end
+  redis.call('HSET', META, unpack(fields))
+  if tuple then redis.call('HSET', PROD, pid, ep .. ':' .. sq) end
+end
+
+-- A large append is written in steps, each a bounded script (append.lua begins it after
+-- its checks, append_part.lua goes on and commits): its entries lie beyond the tail,
+-- where no read looks, until the last step moves the tail. META fields while it is
+-- under way: pend (the writer's token), pend_at (where its next part goes), pend_to
+-- (the tail once committed), pend_until (ms: each step moves it PEND_MS on; a writer
+-- silent past it is gone). Meanwhile other appends wait ('busy').
+local PEND_MS = 5000
+local PEND_FIELDS = {'pend', 'pend_at', 'pend_to', 'pend_until'}
+
+-- Drop what an unfinished large append wrote beyond the tail, a bounded amount per call
+-- (XRANGE copies the data into the script). Returns true once nothing is left.
+local function roll_back(m)
+  local budget, cursor = 4 * 1024 * 1024, eid(tonumber(m.tail))
+  while budget > 0 do
+    local e = redis.call('XRANGE', LOG, cursor, '+', 'COUNT', 1)[1]
+    if not e then
+      -- XADD takes only ids above the highest it ever added: back to just below the tail
+      if redis.call('EXISTS', LOG) == 1 then redis.call('XSETID', LOG, fmt(tonumber(m.tail)) .. '-0') end
+      redis.call('HDEL', META, unpack(PEND_FIELDS))
+      m.pend, m.pend_at, m.pend_to, m.pend_until = nil, nil, nil, nil
+      return true
+    end
+    redis.call('XDEL', LOG, e[1])
+    budget = budget - #e[2][2]
+    cursor = '(' .. e[1]
+  end
+  return false
 end

@@ -17,7 +17,7 @@
 --   above its acked offset (offsets compare as strings: fixed width; '-1' is
 --   below every offset).
 local S, L, P, DUE = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local ZERO = '0000000000000000_0000000000000000'
+local ZERO = '0000000000000001_0000000000000000'  -- offsets.ZERO: an empty stream's tail
 
 local function sget(field) return redis.call('HGET', S, field) end
 

@@ -14,15 +14,19 @@
 --   content type normalized ('' when the body is empty), '1' to close after
 --   appending, Stream-Seq ('' none), producer id ('' none), producer epoch,
 --   producer seq, If-Match ('' none; else as gateway/protocol/conditions.py encodes
---   it, see if_match), Stream-Expected-Offset as a position ('' none), entry count k,
---   and the k entries (none = close-only).
+--   it, see if_match), Stream-Expected-Offset as a position ('' none), the token of a
+--   large append written in steps ('' none: see PEND_MS in _prelude.lua; this call
+--   writes its first part) and the positions the whole of it takes, entry count k, and
+--   the k entries (none = close-only), each as two arguments: the positions it takes,
+--   its bytes (add_entries in _prelude.lua; gateway/protocol/entries.py).
 -- A stream with subscribers (its links exist) whose tail moved is put in the
 -- outbox for the subscription workers (workers/delivery.py), in this script: a
 -- crash after it cannot lose the wake; the first such append since the workers
 -- last took it also publishes the outbox's name on the wake channel.
 -- Publishes (publish() in _prelude.lua) one notice per changed stream on its notify channel:
 --   "<old tail> <new tail> <closed 0|1>", plus for small appends
---   " <len>,<len>,...\n<data><data>..." (gateway/protocol/notices.py).
+--   " <size>,<size>,...\n<data><data>..." (gateway/protocol/notices.py), a size being an
+--   entry's length, or "<length>:<positions>" for a JSON entry of several messages.
 -- Each append runs under pcall: an error in one (a corrupt key, a refusal such
 -- as OOM or READONLY at its first write) is that append's result alone; the
 -- batch goes on. Checks come before writes, and Redis refuses a script's writes
@@ -30,6 +34,8 @@
 -- error hit between its writes (reported as 'partial'; not seen in practice).
 -- Returns one result per append, in ARGV order:
 --   {'ok', tail, closed, created}   appended / closed (created: the incarnation, for the ETag)
+--   {'pending', tail}               a large append's first part is written (append_part.lua goes on)
+--   {'busy', until}                 a large append is under way (until: ms): send again later
 --   {'dup', tail, closed, epoch, seq} producer retry, already applied
 --   {'closed', tail}                the stream is closed (409)
 --   {'precondition_failed', tail, created}  If-Match does not match (412)
@@ -56,7 +62,11 @@ local function finish_stream(m, old_tail, was_closed, appended)
     local notice = old_tail .. ' ' .. m.tail .. (m.closed and ' 1' or ' 0')
     if #appended > 0 and tonumber(m.tail) - tonumber(old_tail) <= tonumber(ARGV[1]) then
       local sizes, datas = {}, {}
-      for k, index in ipairs(appended) do sizes[k] = #ARGV[index]; datas[k] = ARGV[index] end
+      for k, index in ipairs(appended) do
+        local data, took = ARGV[index + 1], ARGV[index]
+        sizes[k] = (#data == tonumber(took)) and #data or (#data .. ':' .. took)
+        datas[k] = data
+      end
       notice = notice .. ' ' .. table.concat(sizes, ',') .. '\n' .. table.concat(datas)
     end
     publish(notice)
@@ -74,16 +84,26 @@ local function append_stream(i)
     i = i + 1
     for _ = 1, count do
       results[#results + 1] = result
-      i = i + 9 + tonumber(ARGV[i + 8])
+      i = i + 11 + 2 * tonumber(ARGV[i + 10])
+    end
+    return i
+  end
+  if m.pend and (now < tonumber(m.pend_until) or not roll_back(m)) then
+    -- a large append is under way (or its leftovers still being dropped): all wait
+    i = i + 1
+    for _ = 1, count do
+      results[#results + 1] = {'busy', m.pend_until}
+      i = i + 11 + 2 * tonumber(ARGV[i + 10])
     end
     return i
   end
   local old_tail, was_closed, changed = m.tail, m.closed, false
-  local appended = {}  -- ARGV indices of the entries appended, for the notice
+  local appended = {}  -- ARGV indices of the entries appended (their sizes), for the notice
   local writing = false  -- set once an append has stored something: an error after it is 'partial'
   local function mark_writing() writing = true end
 
-  local function append_one(ctn, close, sseq, pid, ep, sq, im, eo, first, last)
+  local function append_one(ctn, close, sseq, pid, ep, sq, im, eo, token, total, first, last)
+    if m.pend then return {'busy', m.pend_until} end  -- behind a large append this call began
     local has_data = last >= first
     local tuple = nil
     if pid ~= '' then tuple = pid .. '\n' .. ep .. '\n' .. sq end
@@ -119,27 +139,26 @@ local function append_stream(i)
       return {'seq_regress', m.tail, m.created}
     end
 
-    m.tail = fmt(add_entries(m, first, last, now, tuple and (ep .. ' ' .. sq .. ' ' .. pid), mark_writing))
-    for i = first, last do appended[#appended + 1] = i end
-    local fields = {'tail', m.tail}
-    if sseq ~= '' then m.seq = sseq; fields[#fields + 1] = 'seq'; fields[#fields + 1] = sseq end
-    if close then
-      m.closed = '1'; fields[#fields + 1] = 'closed'; fields[#fields + 1] = '1'
-      if tuple then m.closed_by = tuple; fields[#fields + 1] = 'closed_by'; fields[#fields + 1] = tuple end
+    local tail = add_entries(m, first, last, now, tuple and (ep .. ' ' .. sq .. ' ' .. pid), mark_writing)
+    if token ~= '' then  -- a large append's first part: beyond the tail, not committed
+      m.pend = token
+      redis.call('HSET', META, 'pend', token, 'pend_at', fmt(tail),
+        'pend_to', fmt(tonumber(m.tail) + tonumber(total)), 'pend_until', fmt(now + PEND_MS))
+      return {'pending', m.tail}
     end
-    redis.call('HSET', META, unpack(fields))
-    if tuple then redis.call('HSET', PROD, pid, ep .. ':' .. sq) end
+    for i = first, last, 2 do appended[#appended + 1] = i end
+    commit(m, tail, sseq, close, tuple, pid, ep, sq)
     changed = true
     return {'ok', m.tail, close and '1' or '0', m.created}
   end
 
   i = i + 1
   for _ = 1, count do
-    local first = i + 9
-    local last = first + tonumber(ARGV[i + 8]) - 1
+    local first = i + 11
+    local last = first + 2 * tonumber(ARGV[i + 10]) - 1
     writing = false
     local ok, result = pcall(append_one, ARGV[i], ARGV[i + 1] == '1', ARGV[i + 2], ARGV[i + 3], ARGV[i + 4],
-      ARGV[i + 5], ARGV[i + 6], ARGV[i + 7], first, last)
+      ARGV[i + 5], ARGV[i + 6], ARGV[i + 7], ARGV[i + 8], ARGV[i + 9], first, last)
     if not ok then
       result = {'error', writing and 'partial' or 'none', error_text(result)}
       redis.log(redis.LOG_WARNING, 'append failed: ' .. result[3])

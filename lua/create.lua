@@ -13,7 +13,8 @@
 --   FORKS, see fork_ref.lua), 16 '1' when a subscription worker runs (the new
 --   stream goes in the outbox, to be matched; else only if it has links), 17 the
 --   channel that wakes subscription workers, 18 If-Match ('' none; else as for
---   append.lua: the prelude's if_match), 19.. initial entries.
+--   append.lua: the prelude's if_match), 19.. initial entries (pairs: the positions
+--   each takes, its bytes; see add_entries).
 -- KEYS: the five stream keys, 6 its subscription links, 7 its slot's stream index
 --   (keys.stream_index: the stream is listed there while it lives), 8 its slot's outbox.
 -- Returns {'created', meta} | {'exists', meta} | {'conflict', source id of the

@@ -15,7 +15,8 @@ return with_stream(now, function(m)
   if start >= 0 then
     local from = math.max(start, tonumber(m.base))
     if from < tonumber(m.tail) then
-      found = read_from(m, from, nil, budget, m.ctn == 'application/json', tonumber(ARGV[5]), inline)
+      -- up to the tail: a large append under way lies beyond it (PEND_MS in _prelude.lua)
+      found = read_from(m, from, tonumber(m.tail), budget, m.ctn == 'application/json', tonumber(ARGV[5]), inline)
     end
   end
   return {'ok', flat(m), found[1], found[2], found[3]}

@@ -16,7 +16,7 @@ import pytest
 
 from gateway.storage import keys
 
-from .conftest import read_all
+from .conftest import read_all, serving
 
 TEXT = {"Content-Type": "text/plain"}
 
@@ -103,15 +103,21 @@ async def test_big_integers_are_kept_exactly_and_deep_json_within_the_limit_is_s
     assert await read_all(http, url) == b"[12345678901234567890123,1.5," + deep[1:-1] + b"]"
 
 
-async def test_too_many_json_messages_is_413(http, url) -> None:
-    async with http.put(url, headers={"Content-Type": "application/json"}) as r:
-        assert r.status == 201
-    async with http.post(url, data=b"[" + b",".join([b"1"] * 1001) + b"]",
-                         headers={"Content-Type": "application/json"}) as r:  # fmt: skip
-        assert r.status == 413
-    async with http.post(url, data=b"[" + b",".join([b"1"] * 1000) + b"]",
-                         headers={"Content-Type": "application/json"}) as r:  # fmt: skip
-        assert r.status == 204
+async def test_json_messages_are_capped_only_when_asked(redis_url, http) -> None:
+    # No cap by default (a body is stored in bounded entries, tests/test_bounds.py); an
+    # operator may still set --max-json-messages: a larger array is refused whole.
+    async with serving(redis_url, max_json_messages=1000) as base:
+        url = f"{base}/capped-{uuid.uuid4().hex[:8]}"
+        async with http.put(url, headers={"Content-Type": "application/json"}) as r:
+            assert r.status == 201
+        async with http.post(url, data=b"[" + b",".join([b"1"] * 1001) + b"]",
+                             headers={"Content-Type": "application/json"}) as r:  # fmt: skip
+            assert r.status == 413
+        async with http.post(url, data=b"[" + b",".join([b"1"] * 1000) + b"]",
+                             headers={"Content-Type": "application/json"}) as r:  # fmt: skip
+            assert r.status == 204
+        async with http.get(url, params={"offset": "-1"}) as r:
+            assert await r.json() == [1] * 1000
 
 
 async def test_compressed_bodies_are_inflated_within_the_limit(http, url) -> None:

@@ -18,6 +18,7 @@ import sys
 import time
 import uuid
 
+import orjson
 import pytest
 from aiohttp import web
 from aiohttp.client_exceptions import ClientConnectionResetError
@@ -80,7 +81,7 @@ async def test_reads_and_forks_copy_a_bounded_number_of_entries(redis_url, redis
         sid = keys.stream_id(base.split("/v1/stream/", 1)[1] + "-bytes")
         one = {"close": False, "stream_seq": None, "producer": None}
         kind = "application/octet-stream"
-        await asyncio.gather(*(store.append(sid, kind, [b"x"], **one) for _ in range(20_000)))
+        await asyncio.gather(*(store.append(sid, kind, [(1, b"x")], **one) for _ in range(20_000)))
         async with http.get(raw, params={"offset": "-1"}) as r:
             assert len(await r.read()) == MAX_READ_ENTRIES
         slowest = await slowest_script_ms(redis)
@@ -89,6 +90,79 @@ async def test_reads_and_forks_copy_a_bounded_number_of_entries(redis_url, redis
     finally:
         await redis.config_set("slowlog-log-slower-than", 10000)
         await server.close()
+
+
+async def test_any_body_within_the_limit_is_stored_by_bounded_scripts(redis_url, redis, http) -> None:
+    """The official clients batch on their own: a JSON array of millions of messages, or
+    tens of MiB of bytes, in one request. Stored in bounded entries, by scripts that each
+    run a few milliseconds (SLOWLOG), read back message by message. Default settings."""
+    server = await start_gateway(redis_url)
+    try:
+        await _any_body(redis, http, str(server.make_url(f"/v1/stream/any-{uuid.uuid4().hex[:8]}")))
+    finally:
+        await redis.config_set("slowlog-log-slower-than", 10000)
+        await server.close()
+
+
+async def _any_body(redis, http, url: str) -> None:
+    async with http.put(url, headers=JSON) as r:
+        assert r.status == 201
+    await redis.config_set("slowlog-log-slower-than", 0)
+    await redis.slowlog_reset()
+    ones = b"[" + b",".join([b"1"] * (2 * 1024 * 1024 - 1)) + b"]"  # 4 MiB: 2,097,151 messages
+    objects = orjson.dumps([{"i": n} for n in range(100_000)])  # an IdempotentProducer's batch
+    for body in (ones, objects):
+        async with http.post(url, data=body, headers=JSON) as r:
+            assert r.status == 204, await r.text()
+    json_slowest = await slowest_script_ms(redis)
+    sizes = [len(orjson.dumps({"i": n})) for n in range(100_000)]
+    tail = 2 * 1024 * 1024 - 1 + sum(sizes)
+    async with http.head(url) as r:
+        assert r.headers["Stream-Next-Offset"] == offsets.encode(tail)
+    # Reads start at any message, inside a stored group too (and at an offset + 1).
+    for start, first in ((0, 1), (1_000_000, 1), (2 * 1024 * 1024 - 1, {"i": 0})):
+        for token in (
+            offsets.encode(start),
+            offsets.encode(start)[:-1] + str(int(offsets.encode(start)[-1]) + 1),
+        ):
+            async with http.get(url, params={"offset": token}) as r:
+                got = await r.json()
+                assert 0 < len(got) <= MAX_SCRIPT_ENTRIES and got[0] == first
+    at = 2 * 1024 * 1024 - 1 + sum(sizes[:54_321])
+    async with http.get(url, params={"offset": offsets.encode(at)}) as r:
+        assert (await r.json())[:2] == [{"i": 54_321}, {"i": 54_322}]
+        assert r.headers["Stream-Next-Offset"] == offsets.encode(at + sum(sizes[54_321 : 54_321 + len(got)]))
+    # A fork inside a group: its own data starts exactly there.
+    headers = {
+        **JSON,
+        "Stream-Forked-From": url.split("/v1/stream/")[1],
+        "Stream-Fork-Offset": offsets.encode(at),
+    }
+    async with http.put(url + "-fork", headers=headers) as r:
+        assert r.status == 201, await r.text()
+    async with http.get(url + "-fork", params={"offset": offsets.encode(at)}) as r:
+        assert r.headers["Stream-Next-Offset"] == offsets.encode(at)  # up to date: nothing of its own
+    # Bytes: one 48 MiB body (cut into bounded entries) and 15 concurrent 1 MiB appends.
+    raw = url + "-bytes"
+    async with http.put(raw, headers=BYTES) as r:
+        assert r.status == 201
+    await redis.slowlog_reset()
+    big = os.urandom(48 * 1024 * 1024)
+    async with http.post(raw, data=big, headers=BYTES) as r:
+        assert r.status == 204, await r.text()
+    mib = [bytes([n]) * (1024 * 1024) for n in range(15)]
+    statuses = await asyncio.gather(*(_post_status(http, raw, data) for data in mib))
+    assert statuses == [204] * 15
+    bytes_slowest = await slowest_script_ms(redis)
+    async with http.get(raw, params={"offset": offsets.encode(len(big) - 10)}) as r:
+        assert (await r.read())[:10] == big[-10:]
+    print(f"slowest script: JSON {json_slowest:.1f} ms, bytes {bytes_slowest:.1f} ms")
+    assert json_slowest < 100 and bytes_slowest < 100, (json_slowest, bytes_slowest)
+
+
+async def _post_status(http, url: str, data: bytes) -> int:
+    async with http.post(url, data=data, headers=BYTES) as r:
+        return r.status
 
 
 async def test_fork_chains_are_bounded(http, gateway) -> None:
@@ -294,7 +368,11 @@ async def test_a_client_gone_is_no_error(caplog) -> None:
     app = web.Application()
     settings = Settings()
     app[GATEWAY] = Gateway(
-        settings=settings, store=None, fanout=None, bodies=BodyBudget(1), guard=Guard(settings),
+        settings=settings,
+        store=None,
+        fanout=None,
+        bodies=BodyBudget(1),
+        guard=Guard(settings),
         preflight=None,
     )  # type: ignore[arg-type]
     request = make_mocked_request("GET", "/v1/stream/x", app=app)

@@ -11,6 +11,8 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.protocol import offsets
+
 from .conftest import free_port, redis_server_binary, wait_ready
 
 
@@ -125,11 +127,11 @@ async def test_sigterm_ends_live_reads_cleanly(tmp_path) -> None:
             rest = (await asyncio.wait_for(sse.content.read(), 10)).decode()
             r = await asyncio.wait_for(poll, 10)
             assert r.status == 204
-            assert r.headers["Stream-Next-Offset"] == "0000000000000000_0000000000000001"
+            assert r.headers["Stream-Next-Offset"] == offsets.encode(1)
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(20)
-    assert "event: control" in rest and "0000000000000000_0000000000000001" in rest
+    assert "event: control" in rest and offsets.encode(1) in rest
 
 
 def test_require_durable_refuses_risky_redis(tmp_path) -> None:

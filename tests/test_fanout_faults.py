@@ -264,7 +264,7 @@ async def test_an_append_between_an_sse_readers_first_read_and_its_registration(
             @contextlib.asynccontextmanager
             async def watch_after_an_append(sid: str) -> AsyncIterator[Watch]:
                 await gw.store.append(
-                    sid, "text/plain", [b"between"], close=False, stream_seq=None, producer=None
+                    sid, "text/plain", [(7, b"between")], close=False, stream_seq=None, producer=None
                 )
                 await asyncio.sleep(0.2)  # its notice reaches the readers registered now
                 async with register(sid) as watch:

@@ -13,6 +13,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from gateway.cli.embedded import EmbeddedRedis
+from gateway.protocol import offsets
 from gateway.storage import keys, layout
 
 from .conftest import free_port
@@ -149,3 +150,24 @@ def test_the_command_line_and_the_migration_step_do_not_import_the_metrics() -> 
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
+
+
+async def test_step_to_v3_rewrites_the_offsets_subscriptions_keep(client: aioredis.Redis) -> None:
+    links, pending = keys.sub_keys("orders", False)[1:3]
+    await client.hset(
+        links,
+        mapping={
+            "a": "e|0000000000000000_0000000000000042|1700",  # acked at position 42 (format 0)
+            "b": "g|-1|1700",  # linked before its first byte
+            "c": f"eg|{offsets.encode(7)}|1701",  # minted since
+        },
+    )
+    await client.hset(pending, mapping={"a": "0000000000000000_0000000000000050"})
+    assert await layout.offsets_as_minted_now(client) == 2
+    assert await client.hgetall(links) == {
+        b"a": f"e|{offsets.encode(42)}|1700".encode(),
+        b"b": b"g|-1|1700",
+        b"c": f"eg|{offsets.encode(7)}|1701".encode(),
+    }
+    assert await client.hgetall(pending) == {b"a": offsets.encode(50).encode()}
+    assert await layout.offsets_as_minted_now(client) == 0  # safe to run again

@@ -5,10 +5,11 @@ from __future__ import annotations
 import base64
 import random
 
+import orjson
 import pytest
 
 from gateway.archive.segments import Segment, bucket_of, file_name, take
-from gateway.protocol import caching, cursor, notices, offsets, sse
+from gateway.protocol import caching, cursor, entries, notices, offsets, sse
 from gateway.protocol.errors import ProtocolError
 from gateway.protocol.headers import (
     is_text,
@@ -19,7 +20,7 @@ from gateway.protocol.headers import (
     parse_producer,
     validate_content_type,
 )
-from gateway.protocol.jsonmode import body_entries, split_messages, to_array
+from gateway.protocol.jsonmode import body_entries, json_body, split_messages, to_array, with_offset
 from gateway.storage import durability, keys
 
 
@@ -29,7 +30,26 @@ class TestOffsets:
         tokens = [offsets.encode(p) for p in positions]
         assert [offsets.decode(t) for t in tokens] == positions
         assert sorted(tokens) == tokens
-        assert offsets.encode(0) == "0000000000000000_0000000000000000"
+        assert offsets.encode(0) == offsets.ZERO == "0000000000000001_0000000000000000"
+        assert offsets.encode(21) == "0000000000000001_0000000000000042"
+
+    def test_an_offset_plus_one_reads_as_the_one_issued(self) -> None:
+        # y-durable-streams' compactor reads from its snapshot offset + 1 in the last field.
+        for position in (0, 1, 7, 4096, 10**12, offsets.MAX_POSITION):
+            kind, value = offsets.encode(position).split("_")
+            bumped = f"{kind}_{int(value) + 1:016d}"
+            assert offsets.decode(bumped) == position
+            if position < offsets.MAX_POSITION:
+                assert bumped < offsets.encode(position + 1)
+
+    def test_offsets_minted_before_format_1_still_read(self) -> None:
+        assert offsets.decode("0000000000000000_0000000000000000") == 0
+        assert offsets.decode("0000000000000000_0000000000000043") == 43
+        assert "0000000000000000_9999999999999999" < offsets.encode(0)  # newer tokens sort after
+
+    def test_positions_out_of_range(self) -> None:
+        with pytest.raises(ValueError):
+            offsets.encode(offsets.MAX_POSITION + 1)
 
     @pytest.mark.parametrize(
         "bad",
@@ -40,7 +60,7 @@ class TestOffsets:
             "0 1",
             "-2",
             "1_1",
-            "0000000000000001_0000000000000000",
+            "0000000000000002_0000000000000000",
             "0000000000000000_000000000000000a",
             "0000000000000000_00000000000000001",
         ],
@@ -128,9 +148,9 @@ class TestHeaders:
 
 class TestJsonMode:
     def test_flattens_one_level(self) -> None:
-        assert split_messages(b'{"a": 1}', allow_empty_array=False) == [b'{"a":1}']
-        assert split_messages(b"[[1,2],[3,4]]", allow_empty_array=False) == [b"[1,2]", b"[3,4]"]
-        assert split_messages(b"[[[1,2,3]]]", allow_empty_array=False) == [b"[[1,2,3]]"]
+        assert list(split_messages(b'{"a": 1}', allow_empty_array=False)) == [b'{"a":1}']
+        assert list(split_messages(b"[[1,2],[3,4]]", allow_empty_array=False)) == [b"[1,2]", b"[3,4]"]
+        assert list(split_messages(b"[[[1,2,3]]]", allow_empty_array=False)) == [b"[[1,2,3]]"]
 
     def test_empty_array_only_on_create(self) -> None:
         assert body_entries("application/json", b"[]", create=True) == []
@@ -140,16 +160,76 @@ class TestJsonMode:
     def test_invalid_json_rejected(self) -> None:
         for bad in (b"{", b"NaN", b"[1,]", b"\xff"):
             with pytest.raises(ProtocolError):
-                split_messages(bad, allow_empty_array=False)
+                list(split_messages(bad, allow_empty_array=False))
 
     def test_big_integers_survive(self) -> None:
-        assert split_messages(b"[123456789012345678901234567890]", allow_empty_array=False) == [
+        assert list(split_messages(b"[123456789012345678901234567890]", allow_empty_array=False)) == [
             b"123456789012345678901234567890"
         ]
+
+    def test_state_protocol_events_get_their_offset(self) -> None:
+        change = b'{"type":"user","key":"1","value":{"n":1},"headers":{"operation":"insert"}}'
+        control = b'{"headers":{"control":"snapshot-end","offset":"stale"}}'
+        end = offsets.encode(10 + len(change))
+        assert orjson.loads(with_offset(10, change))["headers"] == {"operation": "insert", "offset": end}
+        assert orjson.loads(with_offset(0, control))["headers"] == {
+            "control": "snapshot-end",
+            "offset": offsets.encode(len(control)),
+        }
+        # key order kept, the offset last in headers, as the reference server writes it
+        assert with_offset(10, change) == change[:-2] + b',"offset":"' + end.encode() + b'"}}'
+        for other in (
+            b'{"headers":{"operation":1}}',
+            b'{"headers":"x","type":"t"}',
+            b'[{"headers":{"operation":"insert"}}]',
+            b'"headers"',
+            b'{"a":1}',
+        ):
+            assert with_offset(3, other) is other
+        assert json_body([(0, b"1"), (1, change)]).startswith(b'[1,{"type":"user"')
+        huge = b'{"headers":{"operation":"insert"},"n":123456789012345678901234567890}'
+        assert with_offset(0, huge).endswith(b',"n":123456789012345678901234567890}')  # exact
 
     def test_array_response(self) -> None:
         assert to_array([]) == b"[]"
         assert to_array([b"1", b'{"a":2}']) == b'[1,{"a":2}]'
+
+
+class TestEntries:
+    def test_byte_bodies_are_cut_into_bounded_entries(self) -> None:
+        body = bytes(range(256)) * 10
+        packed = entries.pack_bytes(body, limit=1000)
+        assert [size for size, _ in packed] == [1000, 1000, 560]
+        assert b"".join(data for _, data in packed) == body
+        assert entries.pack_bytes(b"") == []
+
+    def test_json_messages_grouped_within_bounds(self) -> None:
+        messages = [b"%d" % i for i in range(5000)]
+        packed = entries.pack_messages(messages, max_bytes=1000, max_messages=300)
+        assert all(len(data) <= 1000 and data.count(b"\n") < 300 for _, data in packed)
+        assert entries.positions(packed) == sum(map(len, messages))
+        split, pos = [], 0
+        for size, data in packed:
+            got = entries.messages(pos, data)
+            assert got[-1][0] + len(got[-1][1]) == pos + size
+            split += got
+            pos += size
+        assert [m for _, m in split] == messages
+        assert [p for p, _ in split] == [sum(map(len, messages[:i])) for i in range(len(messages))]
+
+    def test_a_large_message_goes_alone(self) -> None:
+        big = b'"' + b"x" * 5000 + b'"'
+        packed = entries.pack_messages([b"1", big, b"2"], max_bytes=1000)
+        assert [data for _, data in packed] == [b"1", big, b"2"]
+
+    def test_any_message_count_packs_into_few_entries(self) -> None:
+        body = b"[" + b",".join([b"1"] * 200_000) + b"]"
+        packed = body_entries("application/json", body, create=False)
+        assert len(packed) == 200_000 // entries.JSON_ENTRY_MESSAGES + 1
+        assert entries.positions(packed) == 200_000 and entries.stored_bytes(packed) == 400_000 - len(packed)
+
+    def test_flatten_for_scripts(self) -> None:
+        assert entries.flatten([(3, b"a\nbc"), (1, b"d")]) == [3, b"a\nbc", 1, b"d"]
 
 
 class TestSse:
@@ -246,6 +326,12 @@ class TestNotices:
         assert notices.parse(b"7 7 1") == notices.Notice(7, 7, True, ())
         for bad in (b"deleted", b"5 12 0 3,4\nabc", b"x y z", b""):
             assert notices.parse(bad) is None
+
+    def test_json_groups_are_split_into_messages(self) -> None:
+        # a JSON entry of three messages (7 stored bytes, 5 positions) beside a plain one
+        n = notices.parse(b"10 17 0 7:5,2\n1\n22\n33[]")
+        assert n == notices.Notice(10, 17, False, ((10, b"1"), (11, b"22"), (13, b"33"), (15, b"[]")))
+        assert notices.parse(b"10 16 0 7:4\n1\n22\n33") is None  # positions that do not add up
 
     def test_stitch_needs_an_unbroken_run_with_data(self) -> None:
         a = notices.Notice(0, 2, False, ((0, b"ab"),))

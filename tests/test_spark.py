@@ -16,6 +16,7 @@ import redis.asyncio as aioredis
 from gateway.archive.files import Archive
 from gateway.archive.schema import Row, to_table
 from gateway.archive.segments import file_name
+from gateway.protocol import offsets
 from gateway.storage import keys
 from workers.archiver import Archiver, Policy
 
@@ -78,9 +79,9 @@ async def test_spark_rows_are_the_appends(http, gateway, redis: aioredis.Redis, 
         assert [bytes(row["data"]) for row in mine] == pieces
         position = 0
         for row, piece in zip(mine, pieces, strict=True):
-            assert row["position"] == position and row["offset"] == f"{0:016d}_{position:016d}"
+            assert row["position"] == position and row["offset"] == offsets.encode(position)
             position += len(piece)
-            assert row["next_offset"] == f"{0:016d}_{position:016d}"
+            assert row["next_offset"] == offsets.encode(position)
             assert row["date"].isoformat() == time.strftime("%Y-%m-%d", time.gmtime())
     events = [row for row in rows if row["stream"].endswith("events")]
     assert [row["producer_seq"] for row in events] == list(range(30))

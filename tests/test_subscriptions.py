@@ -16,6 +16,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from gateway.protocol import offsets
 from gateway.protocol.subscriptions import BEFORE_FIRST
 from gateway.storage import keys
 
@@ -94,8 +95,8 @@ async def test_create_confirm_conflict_read_delete(http: aiohttp.ClientSession, 
     )
     assert created["created_at"].endswith("Z")
     assert [(s["path"], s["link_type"], s["acked_offset"]) for s in created["streams"]] == [
-        ("x/a", "explicit", "0000000000000000_0000000000000000"),
-        ("x/b", "explicit", "0000000000000000_0000000000000000"),
+        ("x/a", "explicit", offsets.ZERO),
+        ("x/b", "explicit", offsets.ZERO),
     ]
     signing = created["webhook"]["signing"]
     assert signing["alg"] == "ed25519" and signing["kid"].startswith("ds_")
@@ -292,7 +293,7 @@ async def test_callback_acks_extends_and_fences(
         other = cb.replace(sub, _uid("cb"))
         status, answer = await post(http, other, {**wake, "done": True}, token)
         assert status in (401, 404), answer
-        beyond = "0000000000000000_9999999999999999"
+        beyond = offsets.encode(10**15)
         for acks in ([{"stream": path, "offset": beyond}], [{"stream": f"{prefix}/nope", "offset": tail}]):
             status, answer = await post(http, cb, {**wake, "acks": acks, "done": True}, token)
             assert (status, answer["error"]["code"]) == (409, "INVALID_OFFSET")

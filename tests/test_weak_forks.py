@@ -43,8 +43,9 @@ def name() -> str:
 async def make(
     store: Store, sid: str, *data: bytes, content_type: str = TEXT, ttl_seconds: int | None = None
 ) -> Meta:
+    entries = tuple((len(d), d) for d in data)
     created, meta = await store.create(
-        sid, CreateSpec(content_type, Expiry(ttl_seconds=ttl_seconds), entries=data)
+        sid, CreateSpec(content_type, Expiry(ttl_seconds=ttl_seconds), entries=entries)
     )
     assert created
     return meta
@@ -64,7 +65,7 @@ async def fork(
 
 
 async def append(store: Store, sid: str, data: bytes, media_type: str = TEXT) -> None:
-    await store.append(sid, media_type, [data], close=False, stream_seq=None, producer=None)
+    await store.append(sid, media_type, [(len(data), data)], close=False, stream_seq=None, producer=None)
 
 
 async def read(store: Store, sid: str, start: int) -> bytes:

@@ -65,6 +65,7 @@ from gateway.archive.segments import GARBAGE, PENDING, Segment, file_name, utc_d
 from gateway.concurrency import backoff
 from gateway.config import Settings
 from gateway.protocol import offsets
+from gateway.protocol.headers import JSON_CONTENT_TYPE, normalize_content_type
 from gateway.storage import keys
 from gateway.storage.client import Client, general, scan_pages
 from gateway.storage.hints import HintKeys, add_hints
@@ -127,12 +128,20 @@ def _log_start(meta: dict[str, str]) -> int:
     return int(meta.get("arch") or meta["base"])
 
 
-def _row(entry_id: bytes, fields: dict[bytes, bytes]) -> Row:
+def _row(entry_id: bytes, fields: dict[bytes, bytes], json: bool) -> Row:
+    """A log entry; a JSON stream's may hold several messages joined by newlines, which
+    take no positions (protocol/entries.py)."""
     producer = None
     if b"p" in fields:
         epoch, seq, pid = fields[b"p"].decode().split(" ", 2)
         producer = (pid, int(epoch), int(seq))
-    return Row(int(entry_id.split(b"-")[0]), fields[b"d"], int(fields[b"t"]), producer)
+    data = fields[b"d"]
+    size = len(data) - data.count(b"\n") if json else -1
+    return Row(int(entry_id.split(b"-")[0]), data, int(fields[b"t"]), producer, size)
+
+
+def _is_json(meta: dict[str, str]) -> bool:
+    return normalize_content_type(meta.get("ct")) == JSON_CONTENT_TYPE
 
 
 @dataclass
@@ -443,8 +452,8 @@ class Archiver:
         limit = int(meta["tail"]) - policy.hot_bytes
         if limit <= start:
             return None
-        head = await self._first(lease, start)
-        if head is None or head.position + len(head.data) > limit:
+        head = await self._first(lease, start, _is_json(meta))
+        if head is None or head.end > limit:
             return None  # the log's first entry is still inside the byte window
         eligible = await self._movable_since(lease, head)
         later = min(eligible + policy.max_delay_ms, now + 60_000)
@@ -462,21 +471,21 @@ class Archiver:
         size = 0
         day = ""
         room = policy.file_bytes
-        async for row in self._log(lease, start):
-            if row.position + len(row.data) > limit:
+        async for row in self._log(lease, start, _is_json(meta)):
+            if row.end > limit:
                 break
             if row.append_ms > young:  # past the byte window, not yet old enough: look again then
                 await self.hint(sid, row.append_ms + policy.hot_ms + 1)
                 break
             if not rows:
                 day = utc_date(row.append_ms)
-                if merge is not None and (merge.date != day or merge.size + len(row.data) > room):
+                if merge is not None and (merge.date != day or merge.size + row.end - row.position > room):
                     merge = None  # another day, or the merged file would pass file_bytes: a new file
                 room = policy.file_bytes - (merge.size if merge else 0)
-            if utc_date(row.append_ms) != day or (rows and size + len(row.data) > room):
+            if utc_date(row.append_ms) != day or (rows and size + row.end - row.position > room):
                 break
             rows.append(row)
-            size += len(row.data)
+            size += row.end - row.position
         if not rows:
             return None
         if size < policy.min_bytes and not overdue:
@@ -484,15 +493,15 @@ class Archiver:
             return None
         first = merge.start if merge else start
         first_ms = merge.first_ms if merge else rows[0].append_ms
-        end = rows[-1].position + len(rows[-1].data)
+        end = rows[-1].end
         name = file_name(keys.path_of(sid), inc, first, end, first_ms)
         return _Job(Segment(first, end, first_ms, rows[-1].append_ms, name), rows)
 
-    async def _first(self, lease: Lease, start: int) -> Row | None:
+    async def _first(self, lease: Lease, start: int, json: bool) -> Row | None:
         """The log's first entry (the one at ``start``), or None if the log is empty."""
         stream = keys.stream_keys(lease.sid)[1]
         page = cast(LogPage, await self.redis.xrange(stream, min=offsets.entry_id(start), max="+", count=1))
-        return _row(*page[0]) if page else None
+        return _row(*page[0], json) if page else None
 
     async def _movable_since(self, lease: Lease, row: Row) -> int:
         """When ``row`` left the hot window (ms): once it was ``hot_ms`` old, and once the
@@ -501,7 +510,7 @@ class Archiver:
         long after they were appended, and would all be overdue at once."""
         pushed = row.append_ms  # hot_bytes 0: movable as soon as appended
         if self.policy.hot_bytes:
-            edge = row.position + len(row.data) + self.policy.hot_bytes - 1
+            edge = row.end + self.policy.hot_bytes - 1
             stream = keys.stream_keys(lease.sid)[1]
             holder = cast(  # positions are entry ids: the entry starting at or before ``edge``
                 LogPage, await self.redis.xrevrange(stream, offsets.entry_id(edge), "-", count=1)
@@ -515,7 +524,7 @@ class Archiver:
         start = _log_start(meta)
         rows = job.rows
         if rows is None:
-            rows = [row async for row in self._log(lease, start, segment.end)]
+            rows = [row async for row in self._log(lease, start, _is_json(meta), segment.end)]
         parts: list[pa.Table] = []
         if segment.start < start:  # merging: the last file's rows come first
             at = segment.start
@@ -539,7 +548,7 @@ class Archiver:
         if status != "ok":  # the stream went away meanwhile
             await self._remove(lease, inc, [segment])
             return False
-        archived = sum(len(r.data) for r in rows)
+        archived = sum(r.end - r.position for r in rows)
         self.archived_bytes += archived
         self.files_written += 1
         metrics.ARCHIVED_BYTES.inc(archived)
@@ -548,14 +557,14 @@ class Archiver:
             await self._remove(lease, inc, [Segment.parse(result[1])])
         return True
 
-    async def _log(self, lease: Lease, start: int, end: int | None = None) -> AsyncIterator[Row]:
+    async def _log(self, lease: Lease, start: int, json: bool, end: int | None = None) -> AsyncIterator[Row]:
         """The log's entries from ``start`` (to ``end``, exclusive), read a page at a time."""
         cursor, last = offsets.entry_id(start), "+" if end is None else "(" + offsets.entry_id(end)
         stream = keys.stream_keys(lease.sid)[1]
         while page := cast(LogPage, await self.redis.xrange(stream, min=cursor, max=last, count=PAGE)):
             lease.check()  # a long read: stop early once the lease is gone
             for entry_id, fields in page:
-                yield _row(entry_id, fields)
+                yield _row(entry_id, fields, json)
             cursor = "(" + _text(page[-1][0])
 
     async def _remove(self, lease: Lease, inc: str, segments: list[Segment]) -> None:

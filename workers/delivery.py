@@ -58,6 +58,7 @@ from gateway.archive.files import Archive
 from gateway.concurrency import backoff
 from gateway.config import Settings
 from gateway.protocol import offsets, ssrf
+from gateway.protocol.entries import pack_bytes, pack_messages
 from gateway.protocol.errors import ProtocolError
 from gateway.protocol.models import text
 from gateway.protocol.subscriptions import (
@@ -561,10 +562,12 @@ class Delivery:
                 {"type": "wake", "subscription_id": sub, "stream": None, "generation": gen, "ts": now}
             )
         ]
-        if meta.media_type != "application/json":
-            events = [b"".join(e + b"\n" for e in events)]
+        json = meta.media_type == "application/json"
+        entries = pack_messages(events) if json else pack_bytes(b"".join(e + b"\n" for e in events))
         try:
-            await self.store.append(sid, meta.media_type, events, close=False, stream_seq=None, producer=None)
+            await self.store.append(
+                sid, meta.media_type, entries, close=False, stream_seq=None, producer=None
+            )
         except ProtocolError as exc:  # closed, or its content type changed
             limited.log(
                 logging.WARNING, "wake-stream", "wake stream of %r refused the event: %s", sub, exc.message

@@ -9,7 +9,8 @@ from typing import Any
 import pyarrow as pa
 
 from ..protocol import offsets
-from ..protocol.headers import is_text
+from ..protocol.entries import messages
+from ..protocol.headers import JSON_CONTENT_TYPE, is_text, normalize_content_type
 
 SCHEMA_VERSION = "1"
 SCHEMA = pa.schema(
@@ -33,16 +34,29 @@ SCHEMA = pa.schema(
 
 @dataclass(frozen=True)
 class Row:
-    """One log entry as the worker read it from Redis."""
+    """One log entry as the worker read it from Redis (a JSON stream's: one or more
+    messages, see protocol/entries.py; a file holds one row per message)."""
 
     position: int
     data: bytes
     append_ms: int
     producer: tuple[str, int, int] | None = None  # id, epoch, seq
+    size: int = -1  # the positions it takes (-1: its length; less for a group of messages)
+
+    @property
+    def end(self) -> int:
+        return self.position + (len(self.data) if self.size < 0 else self.size)
+
+    def messages(self) -> list[Row]:
+        """A JSON entry's messages, one row each."""
+        split = messages(self.position, self.data)
+        return [Row(pos, data, self.append_ms, self.producer) for pos, data in split]
 
 
 def to_table(stream: str, incarnation: str, content_type: str, rows: list[Row]) -> pa.Table:
     text = is_text(content_type)
+    if normalize_content_type(content_type) == JSON_CONTENT_TYPE:
+        rows = [message for row in rows for message in row.messages()]
 
     def decoded(data: bytes) -> str | None:
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from urllib.parse import quote, unquote, urlencode
@@ -10,10 +11,12 @@ import orjson
 from aiohttp import web
 
 from ..protocol import access, caching, conditions, cursor, offsets, responses
+from ..protocol.entries import LogEntry, message_count, stored_bytes
 from ..protocol.errors import ProtocolError, bad_request
 from ..protocol.headers import (
     DEFAULT_CONTENT_TYPE,
     IF_MATCH,
+    JSON_CONTENT_TYPE,
     STREAM_CLOSED,
     STREAM_EXPECTED_OFFSET,
     STREAM_FORK_OFFSET,
@@ -84,13 +87,24 @@ async def _body(request: web.Request) -> bytes:
     return await read_body(request, max_bytes=s.max_body_bytes, timeout=s.body_timeout, budget=gw.bodies)
 
 
-def _entries(request: web.Request, media: str, body: bytes, *, create: bool) -> list[bytes]:
-    """The log entries a body becomes; a JSON array of more messages than one script
-    may store in a few milliseconds is refused whole."""
-    entries = body_entries(media, body, create=create)
-    limit = gateway_of(request).settings.max_json_messages
-    if len(entries) > limit:
-        raise ProtocolError(413, f"more than {limit} JSON messages in one request")
+# JSON bodies larger than this are parsed in a thread: packing millions of messages takes
+# a fraction of a second, and the thread gives the event loop its turn meanwhile.
+_PARSE_INLINE_BYTES = 256 * 1024
+
+
+async def _entries(request: web.Request, media: str, body: bytes, *, create: bool) -> list[LogEntry]:
+    """The log entries a body becomes: bounded ones, however many messages it holds
+    (protocol/entries.py). --max-json-messages, when set, refuses larger arrays whole."""
+    if media == JSON_CONTENT_TYPE and len(body) > _PARSE_INLINE_BYTES:
+        entries = await asyncio.to_thread(body_entries, media, body, create=create)
+    else:
+        entries = body_entries(media, body, create=create)
+    gw = gateway_of(request)
+    if media == JSON_CONTENT_TYPE:  # re-encoded: a second copy beside the body, counted as such
+        gw.bodies.take(request, stored_bytes(entries))
+        limit = gw.settings.max_json_messages
+        if limit and message_count(entries) > limit:
+            raise ProtocolError(413, f"more than {limit} JSON messages in one request")
     return entries
 
 
@@ -155,7 +169,7 @@ async def put_stream(request: web.Request) -> web.Response:
     if body and source is not None and content_type is None:
         # A fork's body is framed by the content type it inherits (looked up only when needed).
         media = (await gw.store.head(source)).media_type
-    entries = _entries(request, media, body, create=True)
+    entries = await _entries(request, media, body, create=True)
     spec = CreateSpec(
         content_type=content_type,
         expiry=expiry,
@@ -186,14 +200,14 @@ async def post_stream(request: web.Request) -> web.Response:
     if_match = conditions.parse_if_match(h.getall(IF_MATCH, None), sid)
     expected_offset = conditions.parse_expected_offset(h.get(STREAM_EXPECTED_OFFSET))
     body = await _body(request)
-    entries: list[bytes] = []
+    entries: list[LogEntry] = []
     media = ""
     if body:
         raw_type = h.get("Content-Type")
         if not raw_type or not raw_type.strip():
             raise bad_request("Content-Type is required with a body")
         media = validate_content_type(raw_type)
-        entries = _entries(request, media, body, create=False)
+        entries = await _entries(request, media, body, create=False)
     elif not close:
         raise bad_request("empty body: send data, or Stream-Closed: true to close")
     result = await gw.store.append(

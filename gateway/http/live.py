@@ -13,7 +13,7 @@ from aiohttp import HttpVersion11, web
 from ..protocol import caching, offsets, responses
 from ..protocol.errors import ProtocolError
 from ..protocol.headers import STREAM_SSE_DATA_ENCODING, is_text
-from ..protocol.jsonmode import to_array
+from ..protocol.jsonmode import json_body
 from ..protocol.models import Chunk
 from ..protocol.notices import Delivery
 from ..protocol.sse import comment, control_event, cut_character, events
@@ -41,8 +41,9 @@ class _SseSink:
         self._text, self._json, self._cursor, self._chunked = text, is_json, cursor, chunked
 
     def frame(self, delivery: Delivery) -> bytes:
-        datas = [data for _, data in delivery.entries]
-        body = (to_array(datas) if self._json else b"".join(datas)) if datas else None
+        body = None
+        if delivery.entries:
+            body = json_body(delivery.entries) if self._json else b"".join([d for _, d in delivery.entries])
         frame = events(
             body, offsets.encode(delivery.tail), text=self._text, cursor=self._cursor, up_to_date=True,
             closed=delivery.closed,

@@ -19,6 +19,7 @@ from ..protocol.buckets import bucket_stream
 from ..protocol.errors import ProtocolError, bad_request
 from ..protocol.headers import DEFAULT_CONTENT_TYPE, validate_content_type
 from ..protocol.headers import STREAM_SNAPSHOT_OFFSET as SNAPSHOT_OFFSET
+from ..protocol.jsonmode import with_offset
 from ..storage import keys
 from ..storage.snapshots import Snapshot, Snapshots, State
 from .bodies import read_body
@@ -166,8 +167,8 @@ async def bootstrap(request: web.Request) -> web.StreamResponse:
     while True:
         entries = [(pos, data) for pos, data in chunk.entries if pos < end]
         if chunk.meta.is_json:
-            for _, message in entries:
-                await part(media, message)
+            for pos, message in entries:
+                await part(media, with_offset(pos, message))
         elif entries:
             await part(media, b"".join(data[: end - pos] for pos, data in entries))
         if not entries or chunk.end >= end:

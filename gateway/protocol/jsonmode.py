@@ -1,18 +1,21 @@
-"""JSON mode: a stream of JSON messages, one Redis entry per message.
+"""JSON mode: a stream of JSON messages.
 
 A POST body is one value, or an array whose elements are the messages (one
-level is flattened). Reads wrap the messages of a range in one array.
+level is flattened), stored compactly encoded in bounded groups (entries.py).
+Reads wrap the messages of a range in one array.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import orjson
 
-from .errors import bad_request
+from . import offsets
+from .entries import LogEntry, pack_bytes, pack_messages
+from .errors import ProtocolError, bad_request
 from .headers import JSON_CONTENT_TYPE
 
 MAX_DEPTH = 254  # the deepest nesting orjson's encoder takes; both parsers enforce it
@@ -77,8 +80,17 @@ def _dumps(value: object) -> bytes:
         raise bad_request("JSON text holds a lone surrogate (not valid Unicode)") from None
 
 
-def split_messages(body: bytes, *, allow_empty_array: bool) -> list[bytes]:
-    """The messages a body stores, compactly re-encoded.
+def _encoded(items: Iterable[object]) -> Iterator[bytes]:
+    dumps = orjson.dumps
+    for item in items:
+        try:
+            yield dumps(item)
+        except orjson.JSONEncodeError:
+            yield _dumps(item)  # says why (400), or takes what orjson cannot (huge integers)
+
+
+def split_messages(body: bytes, *, allow_empty_array: bool) -> Iterator[bytes]:
+    """The messages a body stores, compactly re-encoded (lazily: see entries.pack_messages).
 
     ``[]`` stores nothing: fine on create (PUT), rejected on append (POST).
     """
@@ -86,18 +98,44 @@ def split_messages(body: bytes, *, allow_empty_array: bool) -> list[bytes]:
     if isinstance(value, list):
         if not value and not allow_empty_array:
             raise bad_request("an empty JSON array appends nothing")
-        return [_dumps(item) for item in value]
-    return [_dumps(value)]
+        return _encoded(value)
+    return _encoded((value,))
 
 
 def to_array(messages: Iterable[bytes]) -> bytes:
     return b"[" + b",".join(messages) + b"]"
 
 
-def body_entries(media_type: str, body: bytes, *, create: bool) -> list[bytes]:
-    """The log entries a request body becomes: one per JSON message, else the body."""
+def with_offset(position: int, message: bytes) -> bytes:
+    """A message as reads send it: a State Protocol event (an object whose ``headers``
+    has a string ``operation`` or ``control``, see @durable-streams/state) gets
+    ``headers.offset``, the offset right after it (where a reader resumes having applied
+    it), as the reference server adds on every read; anything else goes unchanged."""
+    if b'"headers"' not in message or message[:1] != b"{":  # most messages: one substring search
+        return message
+    try:
+        value = _loads(message)  # exact for integers past 64 bits, as _dumps is
+    except ProtocolError:  # stored messages are valid JSON: not reached
+        return message
+    headers = value.get("headers") if isinstance(value, dict) else None
+    if not isinstance(headers, dict):
+        return message
+    if not isinstance(headers.get("operation"), str) and not isinstance(headers.get("control"), str):
+        return message
+    headers["offset"] = offsets.encode(position + len(message))
+    return _dumps(value)
+
+
+def json_body(entries: Iterable[tuple[int, bytes]]) -> bytes:
+    """A JSON read's body: its messages (with their positions) in one array."""
+    return to_array([with_offset(pos, data) for pos, data in entries])
+
+
+def body_entries(media_type: str, body: bytes, *, create: bool) -> list[LogEntry]:
+    """The log entries a request body becomes (see entries.py): a JSON body's messages in
+    bounded groups, any other body in bounded slices."""
     if media_type == JSON_CONTENT_TYPE:
         if not body:
             return []
-        return split_messages(body, allow_empty_array=create)
-    return [body] if body else []
+        return pack_messages(split_messages(body, allow_empty_array=create))
+    return pack_bytes(body)

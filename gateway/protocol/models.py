@@ -8,8 +8,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from .entries import LogEntry
 from .headers import JSON_CONTENT_TYPE, Expiry
-from .jsonmode import to_array
+from .jsonmode import json_body
 
 # (stream id, from position, to position, incarnation), to exclusive: a range a fork reads
 # from an ancestor's log. The incarnation is the ancestor's meta 'uid' when the fork was
@@ -109,8 +110,9 @@ class Chunk:
         return self.meta.closed and self.up_to_date
 
     def body(self) -> bytes:
-        datas = [data for _, data in self.entries]
-        return to_array(datas) if self.meta.is_json else b"".join(datas)
+        if self.meta.is_json:
+            return json_body(self.entries)
+        return b"".join([data for _, data in self.entries])
 
 
 @dataclass(frozen=True)
@@ -120,7 +122,7 @@ class CreateSpec:
     content_type: str | None  # None: not given (a fork inherits its source's)
     expiry: Expiry = Expiry()
     closed: bool = False
-    entries: tuple[bytes, ...] = ()
+    entries: tuple[LogEntry, ...] = ()  # the body's (protocol/entries.py)
     fork_from: str | None = None  # source stream id
     fork_offset: str | None = None  # as given
     fork_sub_offset: int = 0

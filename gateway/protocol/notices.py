@@ -1,9 +1,11 @@
 """The "tail moved" notices append.lua publishes, and stitching them together.
 
 A notice is ``<old tail> <new tail> <closed 0|1>``; for appends no larger
-than the configured threshold it goes on with `` <len>,<len>,...\\n`` and the
-entries' bytes, so readers woken by it need no Redis read at all. ``deleted``
-(from delete.lua) and anything unparsable carry no data: readers re-read.
+than the configured threshold it goes on with `` <size>,<size>,...\\n`` and the
+entries' bytes, so readers woken by it need no Redis read at all. A size is an
+entry's length, or ``<length>:<positions>`` for a JSON entry of several messages
+(entries.py), split into its messages here. ``deleted`` (from delete.lua) and
+anything unparsable carry no data: readers re-read.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+from .entries import messages
 
 
 @dataclass(frozen=True)
@@ -41,10 +45,21 @@ def parse(message: bytes) -> Notice | None:
         old_tail, tail, closed = int(parts[0]), int(parts[1]), parts[2] == b"1"
         if len(parts) < 4:
             return Notice(old_tail, tail, closed, None if tail > old_tail else ())
-        entries, pos, offset = [], old_tail, 0
-        for length in (int(n) for n in parts[3].split(b",")):
-            entries.append((pos, data[offset : offset + length]))
-            pos, offset = pos + length, offset + length
+        entries: list[tuple[int, bytes]] = []
+        pos, offset = old_tail, 0
+        for size in parts[3].split(b","):
+            length, group, took = size.partition(b":")
+            piece = data[offset : offset + int(length)]
+            if group:  # a JSON entry of several messages (protocol/entries.py)
+                split = messages(pos, piece)
+                entries += split
+                pos, end = split[-1][0] + len(split[-1][1]), pos + int(took)
+                if pos != end:
+                    return None
+            else:
+                entries.append((pos, piece))
+                pos += len(piece)
+            offset += int(length)
     except (IndexError, ValueError):
         return None
     if not newline or pos != tail or offset != len(data):

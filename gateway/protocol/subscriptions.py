@@ -19,13 +19,14 @@ import jwt
 import orjson
 from jwt.types import Options
 
-from .errors import coded
+from . import offsets
+from .errors import ProtocolError, coded
 
 DEFAULT_LEASE_TTL_MS = 30_000
 MIN_LEASE_TTL_MS = 1_000  # the spec: "from 1 second to 10 minutes"
 MAX_LEASE_TTL_MS = 600_000
 BEFORE_FIRST = "-1"  # acked_offset of a stream linked before it held any data
-ZERO_OFFSET = "0000000000000000_0000000000000000"
+ZERO_OFFSET = offsets.ZERO  # an empty stream's tail (lua/_subs.lua has it as ZERO)
 MAX_RETRY_DELAY_MS = 60_000
 BASE_RETRY_DELAY_MS = 1_000
 
@@ -390,7 +391,12 @@ def _parse_offset(value: object) -> str:
     if not isinstance(value, str) or not _OFFSET.match(value):
         shown = _show(value) if isinstance(value, str) else type(value).__name__
         raise _invalid(f"an ack offset must be an offset token: {shown}")
-    return value
+    try:
+        position = offsets.decode(value)
+    except ProtocolError:
+        raise _invalid(f"an ack offset must be an offset token: {_show(value)}") from None
+    # As minted now (offsets.py): the scripts compare offsets as strings.
+    return offsets.encode(min(position, offsets.MAX_POSITION))
 
 
 def parse_ack(body: bytes, require_acks: bool = False, max_acks: int = 1000) -> AckRequest:

@@ -1,25 +1,35 @@
 """Appends: each POST's script arguments, encoded up front, then batched with
 the appends that arrive while a round trip runs (``concurrency/batching.py``)
-into one append.lua call per batch (per hash slot of it, on Redis Cluster)."""
+into one append.lua call per batch (per hash slot of it, on Redis Cluster).
+
+An append larger than ``STEP_BYTES`` goes alone, in steps of at most that much
+(append.lua, then append_part.lua): each script stays short however large the body,
+and the last step commits the whole of it at once (see PEND_MS in lua/_prelude.lua).
+Appends to a stream meanwhile are answered 'busy' and sent again."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+import uuid
 import zlib
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 import redis.exceptions
 
 from ..concurrency.batching import Batcher
 from ..protocol.conditions import IfMatch
-from ..protocol.errors import bad_request
+from ..protocol.entries import LogEntry, flatten, positions, stored_bytes
+from ..protocol.errors import ProtocolError, bad_request
 from ..protocol.headers import Producer
 from ..protocol.models import AppendResult, text
 from ..telemetry import metrics
 from . import keys
 from .client import NotSent
 from .hints import Hints
-from .limits import APPEND_LANES, MAX_BATCH_ENTRIES
+from .limits import APPEND_LANES, BUSY_WAIT_SECONDS, MAX_BATCH_ENTRIES, STEP_BYTES
 from .outcomes import UNAVAILABLE, append_error, outcome_unknown
 from .scripts import Scripts
 
@@ -32,16 +42,26 @@ class AppendRequest:
     close: bool
     stream_seq: str  # '' none
     producer: Producer | None
-    entries: list[bytes]
+    entries: list[LogEntry]
     if_match: str = ""  # IfMatch.script_arg(), '' none
     expected_offset: str = ""  # the tail position Stream-Expected-Offset names, '' none
+    token: str = ""  # a large append's, written in steps ('' none)
+    total: int = 0  # the positions the whole of a large append takes
+
+    def producer_args(self) -> list[Any]:
+        p = self.producer
+        return [p.id, p.epoch, p.seq] if p else ["", "", ""]
 
     def script_args(self) -> list[Any]:
         """This append's part of append.lua's ARGV."""
-        p = self.producer
-        head: list[Any] = [self.media_type, "1" if self.close else "0", self.stream_seq]
-        head += [p.id, p.epoch, p.seq] if p else ["", "", ""]
-        return [*head, self.if_match, self.expected_offset, len(self.entries), *self.entries]
+        head: list[Any] = [
+            self.media_type,
+            "1" if self.close else "0",
+            self.stream_seq,
+            *self.producer_args(),
+        ]
+        head += [self.if_match, self.expected_offset, self.token, self.total if self.token else ""]
+        return [*head, len(self.entries), *flatten(self.entries)]
 
 
 def encoded(args: list[Any]) -> list[bytes]:
@@ -52,6 +72,8 @@ def encoded(args: list[Any]) -> list[bytes]:
     for arg in args:
         if isinstance(arg, bytes):
             out.append(arg)
+        elif isinstance(arg, memoryview):  # a slice of a large body: sent as it is
+            out.append(arg)  # type: ignore[arg-type]
         elif isinstance(arg, int):
             out.append(b"%d" % arg)
         else:
@@ -73,7 +95,8 @@ class Appends:
         self._batcher: Batcher[Queued, Any] = Batcher(
             self._append_batch,
             max_items=MAX_BATCH_ENTRIES,
-            size=lambda item: sum(map(len, item[1].entries)),
+            max_bytes=STEP_BYTES,  # a batch's script is as short as a step's
+            size=lambda item: stored_bytes(item[1].entries),
             count=lambda item: max(1, len(item[1].entries)),
         )
 
@@ -81,7 +104,7 @@ class Appends:
         self,
         sid: str,
         media_type: str,
-        entries: list[bytes],
+        entries: list[LogEntry],
         *,
         close: bool,
         stream_seq: str | None,
@@ -100,18 +123,14 @@ class Appends:
             if_match.script_arg() if if_match else "",
             "" if expected_offset is None else str(expected_offset),
         )
-        args = encoded(request.script_args())
-        # Appends wait in one of a few lanes (a stream always in the same one): whatever
-        # arrives while a lane's Redis round trip runs goes in its next one.
-        lane = str(zlib.crc32(sid.encode()) % APPEND_LANES)
-        try:
-            result = await self._batcher.submit(lane, (sid, request, args))
-            if isinstance(result, BaseException):  # its slot's call failed (see _append_batch)
-                raise result
-        except (NotSent, redis.exceptions.BusyLoadingError):
-            raise  # nothing was applied: 503, retry
-        except UNAVAILABLE as exc:  # sent, unanswered: applied or not, nobody knows
-            raise outcome_unknown() from exc
+        if stored_bytes(entries) > STEP_BYTES:
+            result = await self._append_in_steps(sid, request)
+        else:
+            args = encoded(request.script_args())
+            # Appends wait in one of a few lanes (a stream always in the same one): whatever
+            # arrives while a lane's Redis round trip runs goes in its next one.
+            lane = str(zlib.crc32(sid.encode()) % APPEND_LANES)
+            result = await _waiting_out_busy(lambda: self._batcher.submit(lane, (sid, request, args)))
         status = text(result[0])
         if status in ("ok", "dup"):
             return AppendResult(
@@ -123,6 +142,63 @@ class Appends:
                 created=text(result[3]) if status == "ok" and len(result) > 3 else None,
             )
         raise append_error(status, result, sid)
+
+    async def _append_in_steps(self, sid: str, request: AppendRequest) -> Any:
+        """A large append, alone, in steps of at most STEP_BYTES: append.lua checks it and
+        writes the first, append_part.lua the others, the last one commits. A step that
+        fails before the last leaves nothing committed (its leftovers are dropped, now or
+        by the next append once PEND_MS passed): 503, nothing stored."""
+        parts = _steps(request.entries, STEP_BYTES)
+        first = replace(
+            request, entries=parts[0], token=uuid.uuid4().hex, total=positions(request.entries)
+        )
+        args = encoded(first.script_args())
+        call = self._call([(sid, first, args)], [0])
+        result = await _waiting_out_busy(lambda: self._run_one(call))
+        if text(result[0]) != "pending":
+            return result  # refused by its checks, a producer's duplicate, ...
+        head = [
+            first.token,
+            "part",
+            "1" if request.close else "0",
+            request.stream_seq,
+            *request.producer_args(),
+        ]
+        head.append(keys.SUBS_WAKE_CHANNEL)
+        script_keys = [
+            *keys.stream_keys(sid),
+            keys.stream_subs(sid),
+            keys.subs_outbox(sid, self.scripts.cluster),
+        ]
+        for n, part in enumerate(parts[1:], 2):
+            head[1] = "last" if n == len(parts) else "part"
+            try:
+                result = await self.scripts.run("append_part", script_keys, encoded([*head, *flatten(part)]))
+            except UNAVAILABLE as exc:
+                if head[1] == "last":
+                    raise outcome_unknown() from exc
+                await self._abort(script_keys, head)
+                raise NotSent("storage was lost while a large append was written: not stored") from exc
+            if text(result[0]) == "lost":  # paused past PEND_MS: rolled back
+                raise NotSent("a large append was not finished in time: not stored")
+            if text(result[0]) != "more":
+                return result
+        return result
+
+    async def _run_one(self, call: tuple[list[str], list[Any], list[int]]) -> Any:
+        try:
+            return (await self.scripts.run("append", *call[:2]))[0]
+        except (NotSent, redis.exceptions.BusyLoadingError):
+            raise
+        except UNAVAILABLE as exc:
+            raise outcome_unknown() from exc
+
+    async def _abort(self, script_keys: list[str], head: list[Any]) -> None:
+        """Drop a large append's parts at once, if Redis answers (else PEND_MS does it)."""
+        try:
+            await self.scripts.run("append_part", script_keys, encoded([head[0], "abort", *head[2:]]))
+        except UNAVAILABLE:
+            pass
 
     async def _append_batch(self, lane: str, batch: list[Queued]) -> list[Any]:
         """The batch's appends, one append.lua call per hash slot (one call on a single
@@ -151,7 +227,7 @@ class Appends:
                 if item.entries and not isinstance(reply, BaseException) and text(reply[0]) == "ok":
                     self.hints.mark(sid)
                     appended += 1
-                    appended_bytes += sum(map(len, item.entries))
+                    appended_bytes += positions(item.entries)
         if appended:  # counted once per batch: the metrics take a lock per call
             metrics.APPENDS.inc(appended)
             metrics.APPENDED_BYTES.inc(appended_bytes)
@@ -176,6 +252,43 @@ class Appends:
             order += indexes
         script_keys.append(keys.subs_outbox(batch[part[0]][0], self.scripts.cluster))
         return script_keys, args, order
+
+
+def _steps(entries: list[LogEntry], limit: int) -> list[list[LogEntry]]:
+    """Entries in consecutive runs of at most ``limit`` stored bytes (one larger entry alone)."""
+    parts: list[list[LogEntry]] = [[]]
+    size = 0
+    for entry in entries:
+        if parts[-1] and size + len(entry[1]) > limit:
+            parts.append([])
+            size = 0
+        parts[-1].append(entry)
+        size += len(entry[1])
+    return parts
+
+
+async def _waiting_out_busy(send: Callable[[], Awaitable[Any]]) -> Any:
+    """An append's result, sent again while a large append to its stream is under way
+    ('busy'); past BUSY_WAIT_SECONDS, 503. A failure that says nothing was applied
+    (NotSent, loading) stays itself (503, retry); a call sent but unanswered is 504."""
+    deadline, pause = time.monotonic() + BUSY_WAIT_SECONDS, 0.002
+    while True:
+        try:
+            result = await send()
+            if isinstance(result, BaseException):  # its slot's call failed (see _append_batch)
+                raise result
+        except (NotSent, redis.exceptions.BusyLoadingError, ProtocolError):
+            raise
+        except UNAVAILABLE as exc:  # sent, unanswered: applied or not, nobody knows
+            raise outcome_unknown() from exc
+        if text(result[0]) != "busy":
+            return result
+        if time.monotonic() >= deadline:
+            raise ProtocolError(
+                503, "a large append to this stream is still being written", {"Retry-After": "1"}
+            )
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, 0.05)
 
 
 def _each(replies: list[Any] | BaseException, count: int) -> list[Any]:

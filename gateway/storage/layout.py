@@ -21,6 +21,8 @@ to run again.
 
 v1 -> v2: the stream index (``keys.STREAM_INDEX``, read by the listing) lists the
 streams made before create.lua kept it.
+v2 -> v3: JSON messages are stored in grouped entries and offsets minted in format 1
+(``protocol/entries.py``, ``protocol/offsets.py``); subscriptions' kept offsets are rewritten.
 """
 
 from __future__ import annotations
@@ -33,12 +35,13 @@ from collections.abc import Awaitable, Callable, Mapping
 from redis.asyncio import RedisCluster
 from redis.exceptions import WatchError
 
+from ..protocol import offsets
 from ..telemetry.logs import OneLineError
 from . import keys
 from .client import Client, every_node, scan_pages
 from .lua import source
 
-CURRENT = 2  # the newest layout this build reads and writes
+CURRENT = 3  # the newest layout this build reads and writes
 PRE_VERSIONING = 1  # the layout of data written before the marker existed
 LOCK_SECONDS = 60.0  # the migration lock's expiry, renewed every third of it while steps run
 
@@ -62,8 +65,42 @@ async def index_streams(redis: Client) -> int:
     return added
 
 
+def _format_1(value: str) -> str:
+    """A link's or a pending entry's value with its format-0 offset (if any) as minted now."""
+    head, sep, token = value.partition("|")  # links: "<types>|<acked offset>|<incarnation>"
+    if sep:
+        token, bar, rest = token.partition("|")
+        return head + sep + _format_1(token) + bar + rest
+    if len(value) == 33 and value.startswith("0" * 16 + "_") and value[17:].isdigit():
+        return offsets.encode(min(int(value[17:]), offsets.MAX_POSITION))
+    return value
+
+
+async def offsets_as_minted_now(redis: Client) -> int:
+    """Offsets kept by subscriptions (links' acked offsets, pending tails) rewritten as minted
+    since layout v3 (format 1, protocol/offsets.py): their scripts compare offsets as strings.
+    Layout v3 also stores a JSON body's messages in grouped entries (protocol/entries.py),
+    which builds before it would misread: they refuse to start on it. Returns how many
+    offsets were rewritten."""
+    swapped = 0
+    sha = await redis.script_load(source("hash_swap", isinstance(redis, RedisCluster)))
+    for kind in ("l", "p"):
+        async for page in scan_pages(redis, f"{keys.PREFIX}:{{subs.*}}:{kind}:*"):
+            for key in page:
+                found = await redis.hgetall(key)
+                swaps: list[str] = []
+                for field, value in found.items():
+                    old = value.decode() if isinstance(value, bytes) else value
+                    new = _format_1(old)
+                    if new != old:
+                        swaps += [field.decode() if isinstance(field, bytes) else field, old, new]
+                if swaps:
+                    swapped += int(await redis.evalsha(sha, 1, key, *swaps))
+    return swapped
+
+
 # STEPS[v]: turns layout v into v + 1 (its docstring says what, for migrate's output).
-STEPS: dict[int, Step] = {1: index_streams}
+STEPS: dict[int, Step] = {1: index_streams, 2: offsets_as_minted_now}
 
 
 class Mismatch(OneLineError):

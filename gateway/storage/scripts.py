@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 NAMES = (
     "create",
     "append",
+    "append_part",
     "read",
     "read_range",
     "delete",
@@ -45,6 +46,8 @@ NAMES = (
     # there, and migrate's step that lists streams made before the index (layout.py)
     "stream_info",
     "index_add",
+    # migrate's step to layout v3 (layout.py): offsets kept by subscriptions, rewritten
+    "hash_swap",
     # Ursula's snapshots (storage/snapshots.py): the stream's record of its latest one
     "snapshot_set",
     # the archive worker's (KEYS: the stream's five, its lease and (not archive_lease)

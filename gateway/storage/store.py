@@ -22,6 +22,7 @@ import json
 
 from ..archive.cold import ColdReader
 from ..protocol.conditions import precondition_failed
+from ..protocol.entries import flatten, pack_messages
 from ..protocol.errors import ProtocolError
 from ..protocol.headers import DEFAULT_CONTENT_TYPE, Expiry, normalize_content_type
 from ..protocol.models import CreateSpec, Meta, text
@@ -106,7 +107,7 @@ class Store:
             pass
 
     async def _registry_append(self, sid: str, event: bytes) -> None:
-        await self.append(sid, JSON, [event], close=False, stream_seq=None, producer=None)
+        await self.append(sid, JSON, pack_messages([event]), close=False, stream_seq=None, producer=None)
 
     async def _create(
         self,
@@ -141,7 +142,7 @@ class Store:
                 "1" if record else "0",
                 keys.SUBS_WAKE_CHANNEL,
                 spec.if_match,
-                *spec.entries,
+                *flatten(spec.entries),
             ],
         )
         status = text(result[0])

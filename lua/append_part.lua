@@ -1,0 +1,38 @@
+-- append_part.lua: the next step of a large append that append.lua began (see PEND_MS
+-- in _prelude.lua): its entries go on beyond the tail, where no read looks; the last
+-- step commits them all at once, as append.lua commits an append (the tail moves, with
+-- the append's Stream-Seq, close and producer state; a notice without data; subscribers).
+-- KEYS: the five stream keys, its subscription links (keys.stream_subs), its slot's outbox.
+-- ARGV: 1 the writer's token, 2 'part' | 'last' | 'abort' (drop what was written),
+--   3 '1' to close, 4 Stream-Seq ('' none), 5 producer id ('' none), 6 producer epoch,
+--   7 producer seq, 8 the channel that wakes subscription workers, 9.. entries (pairs:
+--   the positions each takes, its bytes; as append.lua's).
+-- Returns {'ok', tail, closed, created} (committed) | {'more'} | {'lost'} (this append
+--   is no longer under way: rolled back after PEND_MS of silence, or aborted)
+--   | {'missing'} | {'gone'}
+WAKE = ARGV[8]
+local token, step, close, sseq, pid, ep, sq = ARGV[1], ARGV[2], ARGV[3] == '1', ARGV[4], ARGV[5], ARGV[6], ARGV[7]
+local now = now_ms()
+return with_stream(now, function(m)
+  if m.pend ~= token then return {'lost'} end
+  if step == 'abort' or now >= tonumber(m.pend_until) then
+    roll_back(m)  -- the rest, if any, goes with the next append that finds it
+    return {'lost'}
+  end
+  local tuple = nil
+  if pid ~= '' then tuple = pid .. '\n' .. ep .. '\n' .. sq end
+  m.tail = m.pend_at  -- add_entries writes at the tail: this append's next position
+  local at = add_entries(m, 9, #ARGV, now, tuple and (ep .. ' ' .. sq .. ' ' .. pid))
+  if step ~= 'last' then
+    redis.call('HSET', META, 'pend_at', fmt(at), 'pend_until', fmt(now + PEND_MS))
+    return {'more'}
+  end
+  local old_tail = redis.call('HGET', META, 'tail')
+  redis.call('HDEL', META, unpack(PEND_FIELDS))
+  commit(m, at, sseq, close, tuple, pid, ep, sq)
+  touch(m, now, 0)
+  if m.exp and not m.ttl then apply_expiry(m) end  -- a new log key needs the deadline too
+  publish(old_tail .. ' ' .. m.tail .. (close and ' 1' or ' 0'))
+  record_for_subscribers(false)
+  return {'ok', m.tail, close and '1' or '0', m.created}
+end)

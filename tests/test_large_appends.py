@@ -1,0 +1,164 @@
+"""Large appends, written in bounded steps (storage/appends.py, lua/append_part.lua):
+atomic to readers and to other writers, idempotent for producers, and gone without a
+trace when their writer is."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+
+import orjson
+
+from gateway.http.app import GATEWAY
+from gateway.protocol import offsets
+from gateway.protocol.entries import flatten, pack_bytes
+from gateway.storage import keys
+from gateway.storage.limits import STEP_BYTES
+
+from .conftest import read_all, start_gateway
+
+BYTES = {"Content-Type": "application/octet-stream"}
+JSON = {"Content-Type": "application/json"}
+
+
+async def _begin(store, sid: str, data: bytes, total: int, token: str = "t0") -> list:
+    """The first step of a large append, as a writer that then goes silent leaves it."""
+    entries = pack_bytes(data)
+    head = [8192, keys.SUBS_WAKE_CHANNEL, 1, "application/octet-stream", "0", "", "", "", "", "", ""]
+    args = [*head, token, total, len(entries), *flatten(entries)]
+    script_keys = [*keys.stream_keys(sid), keys.stream_subs(sid), keys.subs_outbox(sid, False)]
+    return await store.scripts.run("append", script_keys, args)
+
+
+async def test_a_large_append_is_one_write(redis_url, http) -> None:
+    server = await start_gateway(redis_url)
+    try:
+        name = f"large-{uuid.uuid4().hex[:8]}"
+        url = str(server.make_url(f"/v1/stream/{name}"))
+        async with http.put(url, headers=BYTES) as r:
+            assert r.status == 201
+        big = os.urandom(5 * STEP_BYTES + 123)
+        # Small appends racing a large one land wholly before or after it, never inside.
+        small = [b"<%d>" % n for n in range(40)]
+
+        async def post(data: bytes) -> int:
+            async with http.post(url, data=data, headers=BYTES) as r:
+                return r.status
+
+        statuses = await asyncio.gather(post(big), *(post(s) for s in small))
+        assert statuses == [204] * 41
+        data = await read_all(http, url)
+        at = data.index(big[:64])
+        assert data[at : at + len(big)] == big
+        rest = data[:at] + data[at + len(big) :]
+        assert sorted(rest.replace(b">", b">\n").split()) == sorted(small)
+        async with http.head(url) as r:
+            assert r.headers["Stream-Next-Offset"] == offsets.encode(len(big) + sum(map(len, small)))
+    finally:
+        await server.close()
+
+
+async def test_a_large_producer_append_is_stored_once(redis_url, http) -> None:
+    server = await start_gateway(redis_url)
+    try:
+        url = str(server.make_url(f"/v1/stream/large-{uuid.uuid4().hex[:8]}"))
+        async with http.put(url, headers=JSON) as r:
+            assert r.status == 201
+        batch = orjson.dumps([{"i": n, "pad": "x" * 40} for n in range(60_000)])  # ~3 MiB: in steps
+        producer = {**JSON, "Producer-Id": "p", "Producer-Epoch": "0"}
+        for seq, expected in ((0, 200), (0, 204), (1, 200)):
+            async with http.post(url, data=batch, headers={**producer, "Producer-Seq": str(seq)}) as r:
+                assert r.status == expected, await r.text()
+        messages = orjson.loads(await read_all(http, url))
+        assert [m["i"] for m in messages] == list(range(60_000)) * 2
+    finally:
+        await server.close()
+
+
+async def test_live_readers_get_a_large_json_append_once(redis_url, http) -> None:
+    server = await start_gateway(redis_url)
+    try:
+        url = str(server.make_url(f"/v1/stream/large-{uuid.uuid4().hex[:8]}"))
+        async with http.put(url, headers=JSON) as r:
+            assert r.status == 201
+        count = 300_000  # 300,000 small messages in one request: several steps, many entries
+        seen: list[int] = []
+
+        async def tail(mode: str) -> list[int]:
+            got: list[int] = []
+            offset = offsets.encode(0)
+            while len(got) < count:
+                params = {"offset": offset, "live": mode} if mode == "long-poll" else {"offset": offset}
+                async with http.get(url, params=params) as r:
+                    assert r.status in (200, 204), r.status
+                    if r.status == 200:
+                        got += [m["i"] for m in orjson.loads(await r.read())]
+                    offset = r.headers["Stream-Next-Offset"]
+            return got
+
+        readers = [asyncio.create_task(tail("long-poll")), asyncio.create_task(tail("catch-up"))]
+        await asyncio.sleep(0.3)
+        async with http.post(url, data=orjson.dumps([{"i": n} for n in range(count)]), headers=JSON) as r:
+            assert r.status == 204, await r.text()
+        for got in await asyncio.wait_for(asyncio.gather(*readers), 60):
+            seen = got
+            assert seen == list(range(count))
+    finally:
+        await server.close()
+
+
+async def test_a_writer_gone_mid_append_leaves_no_trace(redis_url, http) -> None:
+    server = await start_gateway(redis_url)
+    try:
+        name = f"large-{uuid.uuid4().hex[:8]}"
+        url = str(server.make_url(f"/v1/stream/{name}"))
+        async with http.put(url, data=b"before", headers=BYTES) as r:
+            assert r.status == 201
+        store = server.app[GATEWAY].store
+        sid = keys.stream_id(name)
+        assert (await _begin(store, sid, b"x" * 1000, 5000))[0][0] == b"pending"
+        # Readers see nothing of it; a writer waits behind it until its writer is gone
+        # (PEND_MS of silence), then its leftovers are dropped and the write goes on.
+        assert await read_all(http, url) == b"before"
+        started = time.monotonic()
+        async with http.post(url, data=b"-after", headers=BYTES) as r:
+            assert r.status == 204, await r.text()
+            assert r.headers["Stream-Next-Offset"] == offsets.encode(12)
+        assert 3 < time.monotonic() - started < 9
+        assert await read_all(http, url) == b"before-after"
+        log = keys.stream_keys(sid)[1]
+        assert [e[0] for e in await store.scripts.redis.xrange(log)] == [b"0-1", b"6-1"]
+        meta = await store.scripts.redis.hgetall(keys.stream_keys(sid)[0])
+        assert b"pend" not in meta and meta[b"tail"] == b"12"
+    finally:
+        await server.close()
+
+
+async def test_a_step_after_its_deadline_is_refused(redis_url, http) -> None:
+    server = await start_gateway(redis_url)
+    try:
+        name = f"large-{uuid.uuid4().hex[:8]}"
+        url = str(server.make_url(f"/v1/stream/{name}"))
+        async with http.put(url, headers=BYTES) as r:
+            assert r.status == 201
+        store = server.app[GATEWAY].store
+        sid = keys.stream_id(name)
+        await _begin(store, sid, b"x" * 1000, 2000, token="slow")
+        script_keys = [*keys.stream_keys(sid), keys.stream_subs(sid), keys.subs_outbox(sid, False)]
+        tail = ["slow", "last", "0", "", "", "", "", keys.SUBS_WAKE_CHANNEL, 1000, b"y" * 1000]
+        await asyncio.sleep(5.2)  # a writer paused past PEND_MS (a GC pause, a stopped VM)
+        assert await store.scripts.run("append_part", script_keys, tail) == [b"lost"]
+        assert await read_all(http, url) == b""
+        async with http.post(url, data=b"ok", headers=BYTES) as r:
+            assert r.status == 204 and r.headers["Stream-Next-Offset"] == offsets.encode(2)
+        # A token that is not the one under way changes nothing.
+        await _begin(store, sid, b"z" * 10, 20, token="mine")
+        assert await store.scripts.run("append_part", script_keys, ["other", *tail[1:]]) == [b"lost"]
+        assert (await store.scripts.run("append_part", script_keys, ["mine", *tail[1:-2], 10, b"w" * 10]))[
+            0
+        ] == b"ok"
+        assert await read_all(http, url) == b"ok" + b"z" * 10 + b"w" * 10
+    finally:
+        await server.close()
