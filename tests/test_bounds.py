@@ -31,7 +31,7 @@ from gateway.http.context import Gateway
 from gateway.http.guard import Guard
 from gateway.protocol import offsets
 from gateway.storage import keys
-from gateway.storage.limits import MAX_FORK_DEPTH, MAX_READ_ENTRIES, MAX_SCRIPT_ENTRIES
+from gateway.storage.limits import MAX_FORK_DEPTH, MAX_READ_ENTRIES
 
 from .conftest import free_port, start_gateway
 
@@ -60,7 +60,7 @@ async def test_reads_and_forks_copy_a_bounded_number_of_entries(redis_url, redis
         await redis.slowlog_reset()
         async with http.get(url, params={"offset": "-1"}) as r:
             messages = await r.json()
-        assert 0 < len(messages) <= MAX_SCRIPT_ENTRIES
+        assert 0 < len(messages) <= MAX_READ_ENTRIES  # in scripts of at most MAX_SCRIPT_ENTRIES
         # A fork 30,000 messages past the start: counted in pages of bounded reads.
         fork = str(server.make_url(base + "-fork"))
         headers = {**JSON, "Stream-Forked-From": base, "Stream-Fork-Offset": offsets.encode(0),
@@ -127,7 +127,7 @@ async def _any_body(redis, http, url: str) -> None:
         ):
             async with http.get(url, params={"offset": token}) as r:
                 got = await r.json()
-                assert 0 < len(got) <= MAX_SCRIPT_ENTRIES and got[0] == first
+                assert 0 < len(got) <= MAX_READ_ENTRIES and got[0] == first
     at = 2 * 1024 * 1024 - 1 + sum(sizes[:54_321])
     async with http.get(url, params={"offset": offsets.encode(at)}) as r:
         assert (await r.json())[:2] == [{"i": 54_321}, {"i": 54_322}]

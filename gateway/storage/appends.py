@@ -182,7 +182,11 @@ class Appends:
             if text(result[0]) == "lost":  # paused past PEND_MS: rolled back
                 raise NotSent("a large append was not finished in time: not stored")
             if text(result[0]) != "more":
-                return result
+                break
+        if text(result[0]) == "ok":
+            self.hints.mark(sid)
+            metrics.APPENDS.inc()
+            metrics.APPENDED_BYTES.inc(first.total)
         return result
 
     async def _run_one(self, call: tuple[list[str], list[Any], list[int]]) -> Any:
