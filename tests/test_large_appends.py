@@ -5,9 +5,11 @@ trace when their writer is."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 import uuid
+from collections.abc import AsyncIterator
 
 import orjson
 
@@ -23,6 +25,20 @@ BYTES = {"Content-Type": "application/octet-stream"}
 JSON = {"Content-Type": "application/json"}
 
 
+@contextlib.asynccontextmanager
+async def _stream(redis_url: str, http, headers: dict[str, str], data: bytes = b"") -> AsyncIterator[tuple]:
+    """A gateway with default settings and a new stream on it: (server, url, stream id)."""
+    server = await start_gateway(redis_url)
+    try:
+        name = f"large-{uuid.uuid4().hex[:8]}"
+        url = str(server.make_url(f"/v1/stream/{name}"))
+        async with http.put(url, data=data, headers=headers) as r:
+            assert r.status == 201
+        yield server, url, keys.stream_id(name)
+    finally:
+        await server.close()
+
+
 async def _begin(store, sid: str, data: bytes, total: int, token: str = "t0") -> list:
     """The first step of a large append, as a writer that then goes silent leaves it."""
     entries = pack_bytes(data)
@@ -33,12 +49,7 @@ async def _begin(store, sid: str, data: bytes, total: int, token: str = "t0") ->
 
 
 async def test_a_large_append_is_one_write(redis_url, http) -> None:
-    server = await start_gateway(redis_url)
-    try:
-        name = f"large-{uuid.uuid4().hex[:8]}"
-        url = str(server.make_url(f"/v1/stream/{name}"))
-        async with http.put(url, headers=BYTES) as r:
-            assert r.status == 201
+    async with _stream(redis_url, http, BYTES) as (_, url, _):
         big = os.urandom(5 * STEP_BYTES + 123)
         # Small appends racing a large one land wholly before or after it, never inside.
         small = [b"<%d>" % n for n in range(40)]
@@ -56,16 +67,10 @@ async def test_a_large_append_is_one_write(redis_url, http) -> None:
         assert sorted(rest.replace(b">", b">\n").split()) == sorted(small)
         async with http.head(url) as r:
             assert r.headers["Stream-Next-Offset"] == offsets.encode(len(big) + sum(map(len, small)))
-    finally:
-        await server.close()
 
 
 async def test_a_large_producer_append_is_stored_once(redis_url, http) -> None:
-    server = await start_gateway(redis_url)
-    try:
-        url = str(server.make_url(f"/v1/stream/large-{uuid.uuid4().hex[:8]}"))
-        async with http.put(url, headers=JSON) as r:
-            assert r.status == 201
+    async with _stream(redis_url, http, JSON) as (_, url, _):
         batch = orjson.dumps([{"i": n, "pad": "x" * 40} for n in range(60_000)])  # ~3 MiB: in steps
         producer = {**JSON, "Producer-Id": "p", "Producer-Epoch": "0"}
         for seq, expected in ((0, 200), (0, 204), (1, 200)):
@@ -73,18 +78,11 @@ async def test_a_large_producer_append_is_stored_once(redis_url, http) -> None:
                 assert r.status == expected, await r.text()
         messages = orjson.loads(await read_all(http, url))
         assert [m["i"] for m in messages] == list(range(60_000)) * 2
-    finally:
-        await server.close()
 
 
 async def test_live_readers_get_a_large_json_append_once(redis_url, http) -> None:
-    server = await start_gateway(redis_url)
-    try:
-        url = str(server.make_url(f"/v1/stream/large-{uuid.uuid4().hex[:8]}"))
-        async with http.put(url, headers=JSON) as r:
-            assert r.status == 201
-        count = 300_000  # 300,000 small messages in one request: several steps, many entries
-        seen: list[int] = []
+    count = 300_000  # 300,000 small messages in one request: several steps, many entries
+    async with _stream(redis_url, http, JSON) as (_, url, _):
 
         async def tail(mode: str) -> list[int]:
             got: list[int] = []
@@ -103,21 +101,12 @@ async def test_live_readers_get_a_large_json_append_once(redis_url, http) -> Non
         async with http.post(url, data=orjson.dumps([{"i": n} for n in range(count)]), headers=JSON) as r:
             assert r.status == 204, await r.text()
         for got in await asyncio.wait_for(asyncio.gather(*readers), 60):
-            seen = got
-            assert seen == list(range(count))
-    finally:
-        await server.close()
+            assert got == list(range(count))
 
 
 async def test_a_writer_gone_mid_append_leaves_no_trace(redis_url, http) -> None:
-    server = await start_gateway(redis_url)
-    try:
-        name = f"large-{uuid.uuid4().hex[:8]}"
-        url = str(server.make_url(f"/v1/stream/{name}"))
-        async with http.put(url, data=b"before", headers=BYTES) as r:
-            assert r.status == 201
+    async with _stream(redis_url, http, BYTES, b"before") as (server, url, sid):
         store = server.app[GATEWAY].store
-        sid = keys.stream_id(name)
         assert (await _begin(store, sid, b"x" * 1000, 5000))[0][0] == b"pending"
         # Readers see nothing of it; a writer waits behind it until its writer is gone
         # (PEND_MS of silence), then its leftovers are dropped and the write goes on.
@@ -132,19 +121,11 @@ async def test_a_writer_gone_mid_append_leaves_no_trace(redis_url, http) -> None
         assert [e[0] for e in await store.scripts.redis.xrange(log)] == [b"0-1", b"6-1"]
         meta = await store.scripts.redis.hgetall(keys.stream_keys(sid)[0])
         assert b"pend" not in meta and meta[b"tail"] == b"12"
-    finally:
-        await server.close()
 
 
 async def test_a_step_after_its_deadline_is_refused(redis_url, http) -> None:
-    server = await start_gateway(redis_url)
-    try:
-        name = f"large-{uuid.uuid4().hex[:8]}"
-        url = str(server.make_url(f"/v1/stream/{name}"))
-        async with http.put(url, headers=BYTES) as r:
-            assert r.status == 201
+    async with _stream(redis_url, http, BYTES) as (server, url, sid):
         store = server.app[GATEWAY].store
-        sid = keys.stream_id(name)
         await _begin(store, sid, b"x" * 1000, 2000, token="slow")
         script_keys = [*keys.stream_keys(sid), keys.stream_subs(sid), keys.subs_outbox(sid, False)]
         tail = ["slow", "last", "0", "", "", "", "", keys.SUBS_WAKE_CHANNEL, 1000, b"y" * 1000]
@@ -156,9 +137,6 @@ async def test_a_step_after_its_deadline_is_refused(redis_url, http) -> None:
         # A token that is not the one under way changes nothing.
         await _begin(store, sid, b"z" * 10, 20, token="mine")
         assert await store.scripts.run("append_part", script_keys, ["other", *tail[1:]]) == [b"lost"]
-        assert (await store.scripts.run("append_part", script_keys, ["mine", *tail[1:-2], 10, b"w" * 10]))[
-            0
-        ] == b"ok"
+        last = ["mine", *tail[1:-2], 10, b"w" * 10]
+        assert (await store.scripts.run("append_part", script_keys, last))[0] == b"ok"
         assert await read_all(http, url) == b"ok" + b"z" * 10 + b"w" * 10
-    finally:
-        await server.close()
