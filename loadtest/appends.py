@@ -66,6 +66,9 @@ class AppendResult:
     errors: dict[str, int]
     server_cpu_percent: float | None
     generator: str = "aiohttp"
+    # CPU of the server's own processes (not the embedded Redis) per successful append, µs:
+    # what a pod pays per append, the figure issue 28's target is set in
+    server_cpu_us_per_append: float | None = None
 
 
 # wrk (C, epoll) drives the scenarios it can: it costs the 2-core machine far less CPU than a
@@ -161,7 +164,12 @@ async def run_appends(
         p99_ms=at(0.99),
         errors=dict(errors),
         server_cpu_percent=round(100 * meter.cpu_used() / elapsed, 1) if meter else None,
+        server_cpu_us_per_append=_us_per(meter, count),
     )
+
+
+def _us_per(meter: ProcessMeter | None, count: float) -> float | None:
+    return round(1e6 * meter.cpu_used() / count, 1) if meter and count else None
 
 
 async def _run_wrk(server: str, name: str, urls: list[str], seconds: float, meter: ProcessMeter | None):
@@ -196,6 +204,7 @@ async def _run_wrk(server: str, name: str, urls: list[str], seconds: float, mete
         errors=errors,
         server_cpu_percent=round(100 * meter.cpu_used() / elapsed, 1) if meter else None,
         generator="wrk",
+        server_cpu_us_per_append=_us_per(meter, ok),
     )
 
 

@@ -44,20 +44,28 @@ from .servers import KINDS, Running, start, use_uvloop
 CURVE = ("1w-1s-100B", "8w-1s-100B", "64w-1s-100B")  # one stream, 100 B, by writers
 
 
-def cell_append(r: dict) -> str:
+BASELINE = "reference-memory"  # what ratios are against: the npm reference server in memory
+
+
+def cell_append(r: dict, baseline: dict | None = None) -> str:
     rate = f"{r['appends_per_second']:,.0f}/s"
+    if baseline and baseline is not r and baseline["appends_per_second"]:
+        rate += f" ({r['appends_per_second'] / baseline['appends_per_second']:.2f}x)"
     if r["scenario"].endswith("KiB"):
         return f"{rate} = {r['mb_per_second']} MB/s"
     errors = sum(r["errors"].values())
     extra = f" (+{errors:,} errors)" if errors else ""
-    return f"{rate}, p99 {r['p99_ms']} ms{extra}"
+    cpu = r.get("server_cpu_us_per_append")
+    cpu_text = f", {cpu:,.0f} µs CPU" if cpu and r["server"].startswith("ours") else ""
+    return f"{rate}, p99 {r['p99_ms']} ms{cpu_text}{extra}"
 
 
 def table(results: dict[str, dict]) -> str:
     servers = list(results)
     lines = ["| scenario | " + " | ".join(servers) + " |", "|---|" + "---:|" * len(servers)]
     for scenario in SCENARIOS:
-        row = [cell_append(results[s]["appends"][scenario]) for s in servers]
+        base = results[BASELINE]["appends"][scenario] if BASELINE in results else None
+        row = [cell_append(results[s]["appends"][scenario], base) for s in servers]
         lines.append(f"| appends {scenario} | " + " | ".join(row) + " |")
     if all("read" in results[s] for s in servers):
         row = [f"{results[s]['read']['mb_per_second']} MB/s" for s in servers]
@@ -75,7 +83,11 @@ def table(results: dict[str, dict]) -> str:
 
 
 def plot(results: dict[str, dict], path: Path) -> None:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:  # the numbers are written already; the picture needs `pip install matplotlib`
+        print(f"no matplotlib: {path} not drawn")
+        return
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

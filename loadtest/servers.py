@@ -72,8 +72,10 @@ def _wait_http(url: str, proc: subprocess.Popen, timeout: float = 30) -> None:
     raise RuntimeError(f"no answer from {url}")
 
 
-def _ensure_reference_installed() -> None:
-    if not (HERE / "node_modules" / "@durable-streams" / "server").exists():
+def ensure_node_packages() -> None:
+    """loadtest/package.json's packages (the reference server, the official client)."""
+    installed = HERE / "node_modules" / "@durable-streams"
+    if not all((installed / name).exists() for name in ("server", "client")):
         subprocess.run(
             ["npm", "install", "--no-package-lock", "--no-audit", "--no-fund"], cwd=HERE, check=True
         )
@@ -122,7 +124,7 @@ def start(kind: str, *extra_args: str) -> Iterator[Running]:
                "--log-level", "warning", *options, *extra_args]  # fmt: skip
         check = f"http://127.0.0.1:{port}/healthz"
     elif kind.startswith("reference"):
-        _ensure_reference_installed()
+        ensure_node_packages()
         cmd = ["node", "reference-server.mjs", str(port)] + ([data_dir] if kind == "reference" else [])
         check = f"http://127.0.0.1:{port}/v1/stream/__probe"
     else:
