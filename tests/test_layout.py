@@ -163,7 +163,10 @@ async def test_step_to_v3_rewrites_the_offsets_subscriptions_keep(client: aiored
         },
     )
     await client.hset(pending, mapping={"a": "0000000000000000_0000000000000050"})
-    assert await layout.offsets_as_minted_now(client) == 2
+    fork = keys.stream_keys(keys.stream_id("forked"))[0]
+    await client.hset(fork, mapping={"tail": "9", "fork_off": "0000000000000000_0000000000000003"})
+    assert await layout.offsets_as_minted_now(client) == 3
+    assert await client.hget(fork, "fork_off") == offsets.encode(3).encode()
     assert await client.hgetall(links) == {
         b"a": f"e|{offsets.encode(42)}|1700".encode(),
         b"b": b"g|-1|1700",

@@ -77,13 +77,24 @@ def _format_1(value: str) -> str:
 
 
 async def offsets_as_minted_now(redis: Client) -> int:
-    """Offsets kept by subscriptions (links' acked offsets, pending tails) rewritten as minted
-    since layout v3 (format 1, protocol/offsets.py): their scripts compare offsets as strings.
-    Layout v3 also stores a JSON body's messages in grouped entries (protocol/entries.py),
-    which builds before it would misread: they refuse to start on it. Returns how many
-    offsets were rewritten."""
+    """Offsets kept by subscriptions (links' acked offsets, pending tails) and forks' recorded
+    fork offsets rewritten as minted since layout v3 (format 1, protocol/offsets.py): scripts
+    compare them as strings (a fork PUT again must match its record). Layout v3 also stores a
+    JSON body's messages in grouped entries (protocol/entries.py), which builds before it
+    would misread: they refuse to start on it. Returns how many offsets were rewritten."""
     swapped = 0
     sha = await redis.script_load(source("hash_swap", isinstance(redis, RedisCluster)))
+    async for page in scan_pages(redis, keys.META_PATTERN):
+        if not page:
+            continue
+        async with redis.pipeline(transaction=False) as pipe:
+            for key in page:
+                pipe.hget(key, "fork_off")
+            forks = await pipe.execute()
+        for key, value in zip(page, forks, strict=True):
+            old = value.decode() if isinstance(value, bytes) else value
+            if old and _format_1(old) != old:
+                swapped += int(await redis.evalsha(sha, 1, key, "fork_off", old, _format_1(old)))
     for kind in ("l", "p"):
         async for page in scan_pages(redis, f"{keys.PREFIX}:{{subs.*}}:{kind}:*"):
             for key in page:
