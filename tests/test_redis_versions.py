@@ -10,6 +10,7 @@ import pytest
 import redis
 
 from gateway.cli.embedded import EmbeddedRedis
+from gateway.http.app import GATEWAY
 from gateway.protocol import offsets
 from gateway.storage import keys, scripts
 
@@ -51,6 +52,22 @@ async def test_protocol_round_trip_on_redis_6_2(
             assert r.status == 204
         async with http.get(f"{base}/a") as r:
             assert r.status == 410
+        # A large append (steps, append_part.lua), and one whose writer went silent: its
+        # steps are dropped (XDEL, XSETID back below the tail) before the next append.
+        big = bytes(range(256)) * 10_000  # 2.5 MiB: three steps
+        async with http.put(f"{base}/c", data=big, headers=text) as r:
+            assert r.status == 201
+        async with http.post(f"{base}/c", data=big, headers=text) as r:
+            assert r.status == 204
+        store = gateway.app[GATEWAY].store
+        sid = keys.stream_id("c")
+        script_keys = [*keys.stream_keys(sid), keys.stream_subs(sid), keys.subs_outbox(sid, False)]
+        head = [8192, keys.SUBS_WAKE_CHANNEL, 1, "text/plain", "0", "", "", "", "", "", ""]
+        await store.scripts.run("append", script_keys, [*head, "gone", 2000, 1, 1000, b"x" * 1000])
+        async with http.post(f"{base}/c", data=b"!", headers=text) as r:  # waits out PEND_MS
+            assert r.status == 204 and r.headers["Stream-Next-Offset"] == offsets.encode(2 * len(big) + 1)
+        async with http.get(f"{base}/c", params={"offset": offsets.encode(2 * len(big) - 3)}) as r:
+            assert await r.read() == big[-3:] + b"!"
     finally:
         await gateway.close()
 
