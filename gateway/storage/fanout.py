@@ -55,6 +55,7 @@ class _Subscriber(Protocol):
 
     def add(self, name: str, channel: Channel) -> None: ...
     def forget(self, name: str) -> None: ...
+    def reachable(self, node: str | None = None) -> None: ...
     async def run(self) -> None: ...
 
 
@@ -104,6 +105,13 @@ class Fanout:
             except Exception:  # it should never have ended by itself: say so, and close anyway
                 log.exception("the pub/sub listener had failed")
         await self._redis.aclose()
+
+    def redis_answered(self, node: str | None = None) -> None:
+        """A command of this process just got an answer from Redis (on a cluster from
+        ``node``, its "host:port"; None: any node). Cheap, for every successful call: a
+        pub/sub connection waiting to reconnect to it tries now, so that readers are woken
+        as soon as appends are acknowledged again."""
+        self._subscriber.reachable(node)
 
     @contextlib.asynccontextmanager
     async def watch(self, sid: str) -> AsyncIterator[Watch]:

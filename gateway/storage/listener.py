@@ -12,6 +12,14 @@ published meanwhile (``Channel.confirm``). The task PINGs after
 same way): a stopped Redis or a dead network path looks like that, not like
 an error.
 
+After a failure the task tries again soon while Redis is out of reach
+(refused, reset, silent): after 25-50 ms, the pauses growing to 250-500 ms,
+and at once when ``reachable`` says another connection of the process got an
+answer. So once appends are acknowledged again, readers are woken within a
+fraction of a second, not after a backoff grown through earlier outages. Only
+a Redis that answers with an error (an ACL denial, CLUSTERDOWN) is left alone
+for longer, up to 5 s: it would most likely say the same again.
+
 A single Redis has one listener serving every channel of the process
 (``fanout.py``); a Redis Cluster has one per shard primary (``shards.py``
 routes the channels; ``shard_listener.py`` adds sharded pub/sub and the
@@ -27,8 +35,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from redis.exceptions import ResponseError
+from redis.exceptions import AuthenticationError, AuthorizationError, ResponseError
 
+from ..concurrency import backoff
 from ..protocol import notices
 from ..telemetry.logs import RateLimited
 from .channels import Channel
@@ -41,6 +50,12 @@ limited = RateLimited(log, every=30.0)
 _MAX_BATCH = 512
 SUBSCRIBE_BATCH = 1000  # channels per SUBSCRIBE / UNSUBSCRIBE command
 _BUSY_SECONDS = 0.02  # a dispatch longer than this makes the listener pace itself
+# Reconnect pauses (backoff.delay's first step and cap): short while Redis is out of reach
+# (a restart takes well under a second: be there when it answers), long while it refuses.
+UNREACHABLE = (0.05, 0.5)
+_REFUSED = (0.2, 5.0)
+_REFUSALS = (ResponseError, AuthenticationError, AuthorizationError)  # Redis answered: "no"
+_SERVED_SECONDS = 1.0  # a connection that held this long was fine: the backoff starts over
 
 Command = tuple[str, ...]
 
@@ -102,6 +117,7 @@ class Listener:
         self._unsent: set[str] = set()  # to subscribe: not yet asked for on this connection
         self._leaving: list[str] = []  # to unsubscribe: forgotten after being asked for here
         self._reading: asyncio.Timeout | None = None  # set while the task waits for Redis
+        self._reachable = asyncio.Event()  # another connection reached Redis since this attempt began
 
     # -- what is wanted (called by the fan-out, never awaiting) ---------------------------
 
@@ -120,6 +136,12 @@ class Listener:
         else:
             self._leaving.append(name)
             self._nudge()
+
+    def reachable(self, node: str | None = None) -> None:
+        """Another connection of this process just got an answer from this Redis (``node``
+        names it on a cluster; ``Shards`` picks the listener): if the task is waiting to
+        reconnect after failing to reach it, it tries again now."""
+        self._reachable.set()
 
     def _nudge(self) -> None:
         """Cut the task's wait for Redis short: it has (un)subscribing to do."""
@@ -270,18 +292,24 @@ class Listener:
         self._leaving = []
 
     async def run(self) -> None:
-        """Connect, serve, and after a failure reconnect (with backoff), until cancelled."""
-        backoff = 0.1
+        """Connect, serve, and after a failure reconnect, until cancelled."""
         loop = asyncio.get_running_loop()
+        failures = 0  # attempts in a row that did not end in a connection that served
+        # ``reachable`` cuts one pause per outage short: should Redis answer the process's
+        # other connections and still not ours, the schedule paces us, not their traffic.
+        nudgeable = True
         while True:
             self._begin()
+            self._reachable.clear()  # news from before this attempt is no reason for another
             connection = None
-            began = loop.time()
+            connected: float | None = None  # loop time the connection was ready
+            error: Exception = ConnectionError("pub/sub connection ended")
             try:
                 connection = self._connection()
                 async with asyncio.timeout(self._health):
                     await connection.connect()
                     self._dialect = await self._handshake(connection)
+                connected = loop.time()
                 await self._listen(connection)
             except asyncio.CancelledError:
                 self._lost()  # nothing is subscribed any more: no reader may think otherwise
@@ -289,15 +317,26 @@ class Listener:
                     with contextlib.suppress(Exception):
                         await connection.disconnect(nowait=True)
                 raise
-            except Exception as exc:  # rate-limited: Redis away for long is not a line a second
-                message = "%s connection lost (%r); reconnecting in %.1fs"
-                limited.log(logging.WARNING, f"lost {self._label}", message, self._label, exc, backoff)
+            except Exception as exc:
+                error = exc
             if connection is not None:
                 with contextlib.suppress(Exception):
                     await connection.disconnect(nowait=True)
             self._lost()
-            # A connection that served a while was fine: start the backoff over. One refused
-            # at once each time (an ACL on channels, a cluster down) backs off as if unreachable.
-            backoff = 0.1 if loop.time() - began > self._health else backoff
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 5.0)
+            if connected is not None:
+                self._reachable.clear()  # heard while ours was up: no news that Redis is back
+            if connected is not None and loop.time() - connected >= _SERVED_SECONDS:
+                # It served: whatever ended it, Redis was fine until then. (Not a connection lost
+                # at once, again and again: each would resubscribe every channel.)
+                failures, nudgeable = 0, True
+            refused = isinstance(error, _REFUSALS)
+            first, cap = _REFUSED if refused else UNREACHABLE
+            seconds = backoff.delay(failures, first=first, cap=cap)
+            failures += 1
+            # Rate-limited: Redis away for long is not a line a second.
+            message = "%s connection lost (%r); reconnecting in %.2fs"
+            limited.log(logging.WARNING, f"lost {self._label}", message, self._label, error, seconds)
+            if refused or not nudgeable:
+                await asyncio.sleep(seconds)
+            elif await backoff.pause(seconds, self._reachable):
+                nudgeable = False

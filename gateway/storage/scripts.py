@@ -169,8 +169,12 @@ class Scripts:
         route: Route | None = None,
         *,
         replica_ack: ReplicaAck | None = None,
+        answered: Callable[[], None] = lambda: None,
     ) -> None:
         self._redis = redis
+        # Told of every script call Redis answered: the fan-out's listener reconnects at once
+        # when Redis is back rather than at the end of its pause (storage/listener.py).
+        self._answered = answered
         self.cluster = isinstance(redis, RedisCluster)
         if self.cluster and route is None:
             raise ValueError("a Redis Cluster needs a ClusterRoute")
@@ -279,7 +283,9 @@ class Scripts:
 
     async def run(self, name: str, script_keys: list[str], args: Sequence[Any]) -> Any:
         """Run a script, timed and counted in the metrics."""
-        return await timed(name, self.call(name, script_keys, args))
+        reply = await timed(name, self.call(name, script_keys, args))
+        self._answered()
+        return reply
 
     async def run_each(self, name: str, calls: Sequence[tuple[list[str], Sequence[Any]]]) -> list[Any]:
         """Run ``name`` once per (keys, args) of ``calls`` (each call's keys share one slot),
@@ -302,13 +308,16 @@ class Scripts:
             missing = ack.shortfall(name, replies.pop()) if ack is not None else None
             return [missing if missing and not isinstance(r, Exception) else r for r in replies]
 
-        return await self._grouped(
+        replies = await self._grouped(
             name,
             [k[0] for k, _ in calls],
             queue,
             answers,
             lambda i: self.run(name, *calls[i]),
         )
+        if not all(isinstance(r, BaseException) for r in replies):
+            self._answered()
+        return replies
 
     async def command_each(self, commands: Sequence[tuple[str, Sequence[Any]]]) -> list[Any]:
         """Plain commands, each (key, [command, args...]): on one Redis in one pipeline, on
@@ -412,11 +421,13 @@ def connect_scripts(
     max_connections: int,
     timeout: float,
     replica_ack: ReplicaAck | None = None,
+    answered: Callable[[], None] = lambda: None,
 ) -> Scripts:
     """The scripts on the Redis at ``url`` (on the cluster ``url`` is a node of),
-    through bounded pools (``client.connect``). Nothing connects until first used."""
+    through bounded pools (``client.connect``). Nothing connects until first used.
+    ``answered`` is called after every script call Redis answered."""
     if not cluster:
-        return Scripts(connect(url, max_connections, timeout), replica_ack=replica_ack)
+        return Scripts(connect(url, max_connections, timeout), replica_ack=replica_ack, answered=answered)
     redis = RedisCluster.from_url(
         url,
         max_connections=max_connections,
@@ -424,4 +435,4 @@ def connect_scripts(
         socket_connect_timeout=timeout,
     )
     route = ClusterRoute(redis, url, max_connections, timeout)
-    return Scripts(redis, route, replica_ack=replica_ack)
+    return Scripts(redis, route, replica_ack=replica_ack, answered=answered)

@@ -38,8 +38,10 @@ from typing import TYPE_CHECKING
 from redis.cluster import PRIMARY
 from redis.exceptions import SlotNotCoveredError
 
+from ..concurrency import backoff
 from ..telemetry.logs import RateLimited
 from .channels import Channel
+from .listener import UNREACHABLE
 from .shard_listener import ShardListener, slot_of
 
 if TYPE_CHECKING:
@@ -48,7 +50,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 limited = RateLimited(log, every=30.0)
 _DISTRUST_SECONDS = 3.0  # how long a node that gave a channel up gets no say on it
-_PAUSE_MIN, _PAUSE_MAX = 0.05, 2.0  # between slot map refreshes while trouble lasts
+# Between slot map refreshes while trouble lasts: at most half a second, as a failover's
+# new primary is found by a refresh, and its readers wait for it.
+_PAUSE_MIN, _PAUSE_MAX = 0.05, 0.5
 # The slot map is re-read this often without trouble too: Redis 6.2 tells subscribers
 # nothing of a slot move (its PUBLISH reaches every node, so nothing is lost meanwhile).
 _CHECK_SECONDS = 30.0
@@ -77,6 +81,14 @@ class Shards:
             self._route(name)
         else:
             self._unrouted.add(name)
+
+    def reachable(self, node: str | None = None) -> None:
+        """That node answered another connection (None: some node did): its listener, if
+        waiting to reconnect, tries now."""
+        listeners = self._listeners.values() if node is None else [self._listeners.get(node)]
+        for listener in listeners:
+            if listener is not None:
+                listener.reachable()
 
     def forget(self, name: str) -> None:
         self._unrouted.discard(name)
@@ -153,18 +165,20 @@ class Shards:
     # -- the slot map ---------------------------------------------------------------------
 
     async def _initialize(self) -> None:
-        """Until the cluster answers: the first slot map."""
-        backoff = 0.1
+        """Until the cluster answers: the first slot map (tried as often as a listener
+        tries to reconnect: the readers registered meanwhile wait for it)."""
+        failures = 0
         while True:
             try:
                 async with asyncio.timeout(self._health):
                     await self._cluster.initialize()
                 return
             except Exception as exc:
-                message = "redis cluster not reachable (%r); retrying in %.1fs"
-                limited.log(logging.WARNING, "initialize", message, exc, backoff)
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 5.0)
+                seconds = backoff.delay(failures, first=UNREACHABLE[0], cap=UNREACHABLE[1])
+                failures += 1
+                message = "redis cluster not reachable (%r); retrying in %.2fs"
+                limited.log(logging.WARNING, "initialize", message, exc, seconds)
+            await asyncio.sleep(seconds)
 
     async def _refresh(self) -> bool:
         """Read the slot map again (paced: refreshes come in bursts while a node fails)."""
