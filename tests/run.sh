@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The test command: sets up what it needs, then lint (ruff, the import contracts,
-# mypy), the official conformance suite, and pytest. Usage: bash tests/run.sh [pytest args]
+# mypy), the manual (mkdocs build --strict), the official conformance suite, and
+# pytest. Usage: bash tests/run.sh [pytest args]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 python3 -m venv .venv 2>/dev/null || true
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-.venv/bin/python -m pip install -q -e ".[test]"
+.venv/bin/python -m pip install -q -e ".[test,docs]"
 
 echo "== ruff"
 .venv/bin/ruff check gateway workers tests loadtest
@@ -14,6 +15,8 @@ echo "== import-linter (the layering contracts in pyproject.toml)"
 .venv/bin/lint-imports
 echo "== mypy"
 .venv/bin/mypy
+echo "== docs (mkdocs build --strict: docs/ into site/, the configuration reference generated from gateway/config.py)"
+NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict  # not --quiet: it hides the warnings strict counts
 
 echo "== conformance suite (@durable-streams/server-conformance-tests)"
 .venv/bin/python tests/conformance/run.py
