@@ -39,6 +39,10 @@ class Settings:
     write_timeout: float = 30.0
     redis_timeout: float = 5.0
     shutdown_seconds: float = 30.0
+    # Kept serving after SIGTERM, not ready, until load balancers stop sending here: the chart's
+    # readiness probe (every 2 s, 2 failures) takes up to 4 s to notice, plus 1 s for the change
+    # to reach the proxies; and 5 s + a short drain fits `docker stop`'s 10 s.
+    shutdown_delay_seconds: float = 5.0
     keepalive_seconds: float = 75.0
     long_poll_timeout: float = 20.0
     sse_cycle_seconds: float = 60.0
@@ -187,8 +191,13 @@ HELP = {
     "(outcome unknown: retry it only as an idempotent producer)",
     "keepalive_seconds": "seconds a connection may sit idle, or take to send a request's head "
     "(line and headers), before it is closed; longer than common load-balancer idle timeouts",
-    "shutdown_seconds": "on SIGTERM, seconds in-flight requests get to finish before the process "
-    "exits (live responses end at once)",
+    "shutdown_seconds": "on SIGTERM, after --shutdown-delay-seconds, seconds in-flight requests get to "
+    "finish before the process exits",
+    "shutdown_delay_seconds": "on SIGTERM, seconds the gateway keeps accepting requests before it stops "
+    "listening and drains: /readyz answers 503 at once, live responses (SSE, long-polls) end with "
+    "their resume offset, and every response says Connection: close, so load balancers and proxies "
+    "stop sending here and stop reusing its connections first (no 502s); cover the readiness probe's "
+    "period x failure threshold plus the load balancer's reaction (0: stop at once). SIGINT skips it",
     "long_poll_timeout": "seconds a long-poll waits for data before answering 204",
     "sse_cycle_seconds": "seconds after which an SSE response ends so clients reconnect (CDN collapsing)",
     "sse_heartbeat_seconds": "seconds between SSE comment lines on an idle connection",

@@ -28,6 +28,10 @@ from gateway.http.app import create_app
 
 from .cluster import Cluster, cluster_unavailable, start_cluster
 
+# Gateways the tests stop with SIGTERM stop at once rather than serving on for the rolling-
+# update delay (5 s each): tests/test_rolling_update.py sets and checks the delay itself.
+os.environ.setdefault("DURABLE_STREAMS_SHUTDOWN_DELAY_SECONDS", "0")
+
 
 def free_port() -> int:
     with socket.socket() as s:

@@ -256,10 +256,36 @@ def test_pods_spread_and_are_locked_down() -> None:
     assert _pod(own, "gateway")["affinity"] == {"nodeAffinity": {"x": "y"}}
     assert "topologySpreadConstraints" not in _pod(own, "gateway")
     gateway = VALUES["gateway"]
-    drain = gateway["preStopSleepSeconds"] + gateway["shutdownSeconds"]
+    drain = gateway["preStopSleepSeconds"] + gateway["shutdownDelaySeconds"] + gateway["shutdownSeconds"]
     assert gateway["terminationGracePeriodSeconds"] > drain
     live = max(gateway["sseCycleSeconds"], gateway["longPollTimeoutSeconds"])
     assert VALUES["ingress"]["timeoutSeconds"] > live
+
+
+def test_a_stopping_gateway_leaves_the_ingress_before_it_stops_listening() -> None:
+    """Rolling updates leaked 502s: a gateway closed keep-alive connections the ingress was still
+    reusing. On SIGTERM it now serves on, not ready, for shutdownDelaySeconds: the chart passes
+    it, the readiness probe fails within it, and SIGKILL waits for the delay and the drain."""
+    rendered = render((), REDIS)
+    pod = _pod(rendered, "gateway")
+    (gateway,) = pod["containers"]
+    settings = _settings(rendered)
+    delay = float(settings["DURABLE_STREAMS_SHUTDOWN_DELAY_SECONDS"])
+    assert delay == Settings().shutdown_delay_seconds  # the chart and `serve` agree
+    probe = gateway["readinessProbe"]
+    assert probe["periodSeconds"] * probe["failureThreshold"] <= delay
+    assert probe["timeoutSeconds"] <= probe["periodSeconds"]
+    assert "lifecycle" not in gateway  # no preStop sleep on top of the delay
+    assert pod["terminationGracePeriodSeconds"] > delay + float(settings["DURABLE_STREAMS_SHUTDOWN_SECONDS"])
+    slept = render((), {**REDIS, "gateway.preStopSleepSeconds": "3"})
+    (container,) = _pod(slept, "gateway")["containers"]
+    assert container["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "3"]
+    with pytest.raises(RenderError, match="terminationGracePeriodSeconds must exceed"):
+        render((), {**REDIS, "gateway.shutdownDelaySeconds": "20"})  # 20 + 30 s of drain > 45
+    with pytest.raises(RenderError, match="must cover readinessProbe"):
+        render((), {**REDIS, "gateway.readinessProbe.periodSeconds": "10"})  # 10 x 2 > 5
+    render((), {**REDIS, "gateway.readinessProbe.periodSeconds": "10", "gateway.preStopSleepSeconds": "15",
+                "gateway.terminationGracePeriodSeconds": "60"})  # fmt: skip
 
 
 def test_admin_port_is_for_probes_and_metrics_and_never_routed() -> None:

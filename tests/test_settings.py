@@ -46,6 +46,8 @@ CASES = [
     (["serve", "--log-format", "yaml"], {}, "--log-format", "'yaml'"),
     (["serve"], {"DURABLE_STREAMS_CONSOLE": "maybe"}, "--console", "'maybe'"),
     (["serve", "--console", "yes"], {}, "--console", "'yes'"),
+    (["serve", "--shutdown-delay-seconds", "-1"], {}, "--shutdown-delay-seconds", "'-1'"),
+    (["serve"], {"DURABLE_STREAMS_SHUTDOWN_DELAY_SECONDS": "inf"}, "--shutdown-delay-seconds", "'inf'"),
     (["archive"], {"DURABLE_STREAMS_ARCHIVE_STALL_SECONDS": "0"}, "--archive-stall-seconds", "'0'"),
     (["archive", "--metrics-port", "99999"], {}, "--metrics-port", "'99999'"),
     (["archive"], {"DURABLE_STREAMS_ARCHIVE_HOT_BYTES": "1MB"}, "--archive-hot-bytes", "'1MB'"),

@@ -26,6 +26,7 @@ import math
 
 from gateway import config
 
+from . import gunicorn_hooks
 from .gunicorn_hooks import (  # noqa: F401  (gunicorn reads these names from this module)
     Logs,
     accesslog,
@@ -44,9 +45,10 @@ bind = [f"{_settings.host}:{_settings.port}"]
 if _settings.admin_port:  # /metrics and health on their own port
     bind.append(f"{_settings.host}:{_settings.admin_port}")
 workers = _settings.workers
-# On SIGTERM, live responses end at once (SSE with a final control event,
-# long-polls with their empty answer); in-flight writes get this long to finish.
-graceful_timeout = math.ceil(_settings.shutdown_seconds)
+# On SIGTERM, workers fail readiness and end live responses at once (SSE with a final control
+# event, long-polls with their empty answer), serve on with Connection: close for
+# --shutdown-delay-seconds, then in-flight writes get --shutdown-seconds to finish.
+graceful_timeout = gunicorn_hooks.graceful_timeout(_settings)
 # Idle connections, and request heads still arriving (aiohttp's keep-alive timer runs
 # from the connection's start), are closed after this; longer than common LB idle timeouts.
 keepalive = math.ceil(_settings.keepalive_seconds)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import os
 import signal
 from typing import Any
@@ -45,6 +46,13 @@ class Logs(glogging.Logger):
 
 
 logger_class = Logs
+
+
+def graceful_timeout(settings: config.Settings) -> int:
+    """gunicorn's graceful_timeout (whole seconds): the master kills workers still running this
+    long after its SIGTERM, which they spend serving on (--shutdown-delay-seconds), then draining
+    (--shutdown-seconds)."""
+    return math.ceil(settings.shutdown_delay_seconds + settings.shutdown_seconds)
 
 
 def on_starting(server: Any) -> None:

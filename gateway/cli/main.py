@@ -115,7 +115,7 @@ def serve(settings: config.Settings) -> None:
         from ..http.context import GATEWAY
 
         install_uvloop()
-        app = create_app(settings, redis_url, embedded=supervisor is not None)
+        app = create_app(settings, redis_url, embedded=supervisor is not None, drain_on_sigterm=True)
         web.run_app(
             app,
             host=settings.host,
@@ -125,7 +125,7 @@ def serve(settings: config.Settings) -> None:
                 "serving on http://%s:%s%s/", settings.host, settings.port, settings.prefix.rstrip("/")
             ),
             access_log=None,
-            shutdown_timeout=settings.shutdown_seconds,
+            shutdown_timeout=settings.shutdown_seconds,  # after SIGTERM's delay (http/app.py)
             keepalive_timeout=settings.keepalive_seconds,  # also bounds an unfinished request head
         )
         gateway = app.get(GATEWAY)
@@ -173,7 +173,7 @@ def _run_gunicorn(settings: config.Settings, redis_url: str, embedded: bool = Fa
             for name in gunicorn_hooks.FIXED:
                 if name in self.cfg.settings:  # e.g. control_socket_disable: gunicorn 25+
                     self.cfg.set(name, getattr(gunicorn_hooks, name))
-            self.cfg.set("graceful_timeout", math.ceil(settings.shutdown_seconds))  # gunicorn: whole seconds
+            self.cfg.set("graceful_timeout", gunicorn_hooks.graceful_timeout(settings))
             self.cfg.set("keepalive", math.ceil(settings.keepalive_seconds))
             binds = [f"{settings.host}:{settings.port}"]
             if settings.admin_port:  # every worker serves both; the app tells them apart by port
@@ -184,7 +184,7 @@ def _run_gunicorn(settings: config.Settings, redis_url: str, embedded: bool = Fa
 
         def load(self):  # workers are forked: the settings travel with them
             async def factory() -> web.Application:
-                return create_app(settings, redis_url, embedded=embedded)
+                return create_app(settings, redis_url, embedded=embedded, drain_on_sigterm=True)
 
             return factory
 

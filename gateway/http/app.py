@@ -114,6 +114,10 @@ def endpoint(
                 response = _error_response(request, exc)
             status = response.status
             if not response.prepared:  # an event stream sent its own headers already
+                # SIGTERM came: Connection: close, so no proxy sends on this connection again. (An
+                # event stream's stays open: closed unannounced it could meet a proxy's next request.)
+                if gw.draining:
+                    response.force_close()
                 if status >= 400:  # a CDN must not keep a 404 past the stream's creation, nor a 503
                     response.headers.setdefault("Cache-Control", caching.NO_STORE)
                 gw.guard.secure(request, response.headers)
@@ -122,6 +126,8 @@ def endpoint(
             return response
         except web.HTTPException as exc:  # aiohttp's own answers, e.g. 413 from request.read()
             status = exc.status
+            if gw.draining:
+                exc.force_close()
             if status >= 400:
                 exc.headers.setdefault("Cache-Control", caching.NO_STORE)
             gw.guard.secure(request, exc.headers)
@@ -195,6 +201,8 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def readyz(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
+    if gw.draining:  # SIGTERM came: out of the load balancer before this process stops listening
+        return web.Response(status=503, text="not ready: shutting down\n")
     if not gw.preflight.ready:  # unreachable at start, or a check not passed yet (logged)
         return web.Response(status=503, text="not ready: waiting for storage\n")
     scripts = gw.store.scripts
@@ -228,15 +236,47 @@ async def app_from_env() -> web.Application:
     problem = conflict(settings)
     if problem:
         raise RuntimeError(problem)
-    return create_app(settings, settings.redis_url)
+    return create_app(settings, settings.redis_url, drain_on_sigterm=True)
 
 
 def _stop_this_process(refusal: str) -> None:
-    """A start-up check failed once Redis answered: stop as SIGTERM does (in-flight
-    requests finish). ``durable-streams serve`` then exits non-zero with the refusal;
-    a gunicorn worker is started again, refuses at once, and that stops gunicorn."""
+    """A start-up check failed once Redis answered: stop gracefully (in-flight requests
+    finish), without SIGTERM's delay: a process that was never ready is in no load balancer.
+    ``durable-streams serve`` then exits non-zero with the refusal; a gunicorn worker is
+    started again, refuses at once, and that stops gunicorn."""
     log.error("refusing to serve: %s", refusal)
-    os.kill(os.getpid(), signal.SIGTERM)
+    os.kill(os.getpid(), signal.SIGINT)
+
+
+def _drain_on_sigterm(app: web.Application, delay: float) -> None:
+    """SIGTERM starts the shutdown with ``delay`` seconds (--shutdown-delay-seconds) of still
+    serving: /readyz answers 503, live responses end now (with their resume offset: readers
+    reconnect, through the load balancer, elsewhere), every response closes its connection.
+    Until a load balancer sees the probe fail, or its endpoints change, it keeps sending here;
+    a proxy's keep-alive connection that this process closed while idle would meet its next
+    request with a reset, and a POST it already sent is not retried: a 502. Closed after a
+    response that says so, it is not reused (an event stream's connection, its headers out
+    before, stays open: its next request gets the close). Then the process stops as on SIGINT,
+    which both hosts (run_app; gunicorn's aiohttp worker) take as a graceful stop: the listener
+    closes, idle connections close, in-flight requests get --shutdown-seconds.
+
+    Installed from the app's startup, after the host's own handlers, so it replaces their
+    SIGTERM one; SIGINT keeps theirs (a stop without the delay)."""
+    loop = asyncio.get_running_loop()
+
+    def begin() -> None:
+        gw = app[GATEWAY]
+        if gw.draining:  # a second SIGTERM changes nothing
+            return
+        gw.draining = True
+        gw.fanout.stop_waiters()
+        log.info("SIGTERM: not ready, closing connections after each response; stopping in %ss", delay)
+        loop.call_later(delay, os.kill, os.getpid(), signal.SIGINT)
+
+    try:
+        loop.add_signal_handler(signal.SIGTERM, begin)
+    except NotImplementedError:  # Windows: SIGTERM stays the host's (a stop without the delay)
+        pass
 
 
 def create_app(
@@ -245,9 +285,12 @@ def create_app(
     *,
     embedded: bool = False,
     on_refusal: Callable[[str], None] = _stop_this_process,
+    drain_on_sigterm: bool = False,
 ) -> web.Application:
     """The gateway app for one process; it connects to ``redis_url`` on startup.
     ``embedded``: that Redis is this server's own child, so /healthz checks it too.
+    ``drain_on_sigterm``: the app is this process' server (not one of a test's), and takes
+    over SIGTERM for a graceful shutdown behind a load balancer (``_drain_on_sigterm``).
 
     On startup, the Redis checks (storage/preflight.py) run once: a refusal stops the
     start; an unreachable Redis does not: the app serves (/healthz 200, /readyz and
@@ -274,16 +317,18 @@ def create_app(
     async def startup(app: web.Application) -> None:
         # Nothing here waits for Redis: clients connect on first use, the fan-out's
         # listener and the hints task retry by themselves.
+        # Its slot-map reads must not hang on one silent node (the listeners set their own).
+        timeouts = {"socket_timeout": 2.0, "socket_connect_timeout": 2.0} if settings.redis_cluster else {}
+        pubsub_client = redis_client.general(redis_url, cluster=settings.redis_cluster, **timeouts)
+        fanout = Fanout(pubsub_client)
         scripts = connect_scripts(
             redis_url,
             cluster=settings.redis_cluster,
             max_connections=settings.redis_max_connections,
             timeout=settings.redis_timeout,
             replica_ack=replica_ack(settings.min_replicas_ack, settings.min_replicas_ack_timeout),
+            answered=fanout.redis_answered,  # Redis is back: live readers' listener reconnects now
         )
-        # Its slot-map reads must not hang on one silent node (the listeners set their own).
-        timeouts = {"socket_timeout": 2.0, "socket_connect_timeout": 2.0} if settings.redis_cluster else {}
-        pubsub_client = redis_client.general(redis_url, cluster=settings.redis_cluster, **timeouts)
         cold = ColdReader(Archive(settings.archive_location), settings.archive_cache_bytes)
         store = Store(
             scripts, cold, settings.max_chunk_bytes, settings.notice_payload_bytes, settings.read_inline_bytes
@@ -291,7 +336,6 @@ def create_app(
         preflight = Preflight(
             scripts.redis, persistence=True, require_durable=settings.require_durable, prepare=scripts.load
         )
-        fanout = Fanout(pubsub_client)
         await fanout.start()
         pause = WritePause(
             store.redis,
@@ -322,6 +366,8 @@ def create_app(
                 preflight.problem,
             )
             app[PREFLIGHT_TASK] = asyncio.create_task(_keep_trying(preflight, on_refusal))
+        if drain_on_sigterm:
+            _drain_on_sigterm(app, settings.shutdown_delay_seconds)
 
     async def shutdown(app: web.Application) -> None:
         app[GATEWAY].fanout.stop_waiters()  # live responses end cleanly, in-flight writes finish

@@ -24,6 +24,8 @@ class Gateway:
     guard: Guard
     preflight: Preflight  # ready: Redis passed the start-up checks (until then stream requests get 503)
     webhook_policy: TargetPolicy = field(default_factory=TargetPolicy)  # --webhook-allow: exempt targets
+    # SIGTERM came: not ready, every response closes its connection (--shutdown-delay-seconds)
+    draining: bool = False
 
 
 GATEWAY = web.AppKey("gateway", Gateway)

@@ -338,8 +338,11 @@ is in a Secret of yours). */}}
 {{- if and $gw.autoscaling.enabled (lt (int64 $gw.autoscaling.maxReplicas) (int64 $gw.autoscaling.minReplicas)) -}}
 {{- fail "gateway.autoscaling.maxReplicas must be at least minReplicas" -}}
 {{- end -}}
-{{- if le (float64 $gw.terminationGracePeriodSeconds) (addf $gw.preStopSleepSeconds $gw.shutdownSeconds) -}}
-{{- fail "gateway.terminationGracePeriodSeconds must exceed preStopSleepSeconds + shutdownSeconds (else SIGKILL cuts the drain)" -}}
+{{- if le (float64 $gw.terminationGracePeriodSeconds) (addf $gw.preStopSleepSeconds $gw.shutdownDelaySeconds $gw.shutdownSeconds) -}}
+{{- fail "gateway.terminationGracePeriodSeconds must exceed preStopSleepSeconds + shutdownDelaySeconds + shutdownSeconds (else SIGKILL cuts the drain)" -}}
+{{- end -}}
+{{- if lt (addf $gw.preStopSleepSeconds $gw.shutdownDelaySeconds) (mulf $gw.readinessProbe.periodSeconds $gw.readinessProbe.failureThreshold) -}}
+{{- fail "gateway.shutdownDelaySeconds (+ preStopSleepSeconds) must cover readinessProbe.periodSeconds x failureThreshold (else a load balancer that follows the probe sends to a gateway that stopped listening)" -}}
 {{- end -}}
 {{- if and .Values.ingress.enabled (le (float64 .Values.ingress.timeoutSeconds) (maxf $gw.longPollTimeoutSeconds $gw.sseCycleSeconds)) -}}
 {{- fail "ingress.timeoutSeconds must exceed gateway.longPollTimeoutSeconds and gateway.sseCycleSeconds (else the proxy cuts live reads)" -}}
