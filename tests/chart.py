@@ -43,7 +43,9 @@ SUPPORTED_KUBE: tuple[str, ...] = ("1.33", "1.35", "1.37")
 DEFAULT_KUBE = "1.35.0"  # .Capabilities.KubeVersion unless a test asks for another
 # Custom resources kubernetes-validate has no schema for: not validated (named, so that an
 # unknown kind anywhere else is an error rather than silently skipped).
-SCHEMALESS_KINDS: frozenset[tuple[str, str]] = frozenset({("monitoring.coreos.com/v1", "ServiceMonitor")})
+SCHEMALESS_KINDS: frozenset[tuple[str, str]] = frozenset(
+    {("monitoring.coreos.com/v1", "ServiceMonitor"), ("monitoring.coreos.com/v1", "PrometheusRule")}
+)
 
 PathLike: TypeAlias = str | os.PathLike[str]
 SetValues: TypeAlias = Mapping[str, str | int | bool]

@@ -334,8 +334,13 @@ def create_app(
             scripts, cold, settings.max_chunk_bytes, settings.notice_payload_bytes, settings.read_inline_bytes
         )
         preflight = Preflight(
-            scripts.redis, persistence=True, require_durable=settings.require_durable, prepare=scripts.load
+            scripts.redis,
+            persistence=True,
+            require_durable=settings.require_durable,
+            prepare=scripts.load,
+            durable=lambda durable: metrics.DURABLE.set(1 if durable else 0),
         )
+        metrics.LIVE_CAPACITY.set(settings.max_live_connections)
         await fanout.start()
         pause = WritePause(
             store.redis,

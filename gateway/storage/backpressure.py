@@ -189,6 +189,8 @@ class WritePause:
             metrics.child(metrics.REDIS_USED_MEMORY, name).set(used)
             metrics.child(metrics.REDIS_MAXMEMORY, name).set(maxmemory)
             limit = memory_limit(self.mark_bytes, self.mark_share, maxmemory)
+            if limit is not None:
+                metrics.child(metrics.WRITE_PAUSE_MARK, name).set(limit)
             if limit is None and name not in self._unmarked:
                 self._unmarked.add(name)
                 why = f"--write-pause-memory {self.memory_text}"

@@ -83,8 +83,9 @@ def _refuse_or_warn(problem: str | None, require: bool, warning: str) -> None:
     log.warning(warning, problem)
 
 
-async def check(redis: Client, *, require: bool) -> None:
-    """Log the persistence settings; with ``require``, refuse to run on risky ones."""
+async def check(redis: Client, *, require: bool) -> bool:
+    """Log the persistence settings; with ``require``, refuse to run on risky ones.
+    Whether every node is durable (a 2xx means on disk)."""
 
     def judge(config: dict[str, str]) -> tuple[str, str | None]:
         appendonly, appendfsync = config.get("appendonly", ""), config.get("appendfsync", "")
@@ -93,6 +94,7 @@ async def check(redis: Client, *, require: bool) -> None:
     described, problem = await _judge(redis, "append*", judge, "could not read persistence settings")
     log.info("redis persistence: %s", "; ".join(described))
     _refuse_or_warn(problem, require, "acknowledged writes are NOT fully durable: %s")
+    return problem is None
 
 
 async def check_eviction(redis: Client, *, require: bool) -> None:

@@ -39,6 +39,7 @@ from redis.exceptions import AuthenticationError, AuthorizationError, ResponseEr
 
 from ..concurrency import backoff
 from ..protocol import notices
+from ..telemetry import metrics
 from ..telemetry.logs import RateLimited
 from .channels import Channel
 
@@ -89,6 +90,14 @@ def _push(reply: Any) -> tuple[str, str, Any] | None:
     kind = kind.decode() if isinstance(kind, bytes) else kind
     name = name.decode() if isinstance(name, bytes) else name
     return kind, name, payload
+
+
+# Listeners of this process between connections (ds_pubsub_connected is 1 while none is).
+_DOWN: set[Listener] = set()
+
+
+def _report() -> None:
+    metrics.PUBSUB_CONNECTED.set(0 if _DOWN else 1)
 
 
 class Listener:
@@ -310,9 +319,13 @@ class Listener:
                     await connection.connect()
                     self._dialect = await self._handshake(connection)
                 connected = loop.time()
+                _DOWN.discard(self)
+                _report()
                 await self._listen(connection)
             except asyncio.CancelledError:
                 self._lost()  # nothing is subscribed any more: no reader may think otherwise
+                _DOWN.discard(self)  # gone (shut down, or its node left the cluster): not down
+                _report()
                 if connection is not None:
                     with contextlib.suppress(Exception):
                         await connection.disconnect(nowait=True)
@@ -323,6 +336,8 @@ class Listener:
                 with contextlib.suppress(Exception):
                     await connection.disconnect(nowait=True)
             self._lost()
+            _DOWN.add(self)
+            _report()
             if connected is not None:
                 self._reachable.clear()  # heard while ours was up: no news that Redis is back
             if connected is not None and loop.time() - connected >= _SERVED_SECONDS:

@@ -48,8 +48,10 @@ class Preflight:
         persistence: bool = False,
         require_durable: bool = False,
         prepare: Callable[[], Awaitable[None]] | None = None,
+        durable: Callable[[bool], None] = lambda durable: None,
     ) -> None:
         self.redis = redis
+        self.durable = durable  # told what the persistence check found (the metrics, in app.py)
         self.persistence = persistence  # gateways: they acknowledge writes
         self.require_durable = require_durable
         self.prepare = prepare
@@ -63,7 +65,7 @@ class Preflight:
         try:
             await self.redis.ping()
             if self.persistence:
-                await durability.check(self.redis, require=self.require_durable)
+                self.durable(await durability.check(self.redis, require=self.require_durable))
                 await durability.check_eviction(self.redis, require=self.require_durable)
             await layout.check(self.redis)
             if self.prepare is not None:

@@ -119,6 +119,31 @@ REDIS_MAXMEMORY = Gauge(
     multiprocess_mode="livemostrecent",
 )
 
+WRITE_PAUSE_MARK = Gauge(
+    "ds_write_pause_mark_bytes",
+    "Redis used_memory at which writes pause (--write-pause-memory) for each primary; absent: no mark "
+    "(aggregate with max())",
+    ["node"],
+    multiprocess_mode="livemostrecent",
+)
+LIVE_CAPACITY = Gauge(
+    "ds_live_connections_max",
+    "Live reads this process takes (--max-live-connections): sum() over a pod's processes is its capacity",
+    multiprocess_mode="livesum",
+)
+PUBSUB_CONNECTED = Gauge(
+    "ds_pubsub_connected",
+    "1 while this process' pub/sub connection (each, on a cluster: min()) is subscribed; 0 while it "
+    "reconnects and live readers wait for notices",
+    multiprocess_mode="livemin",
+)
+DURABLE = Gauge(
+    "ds_redis_durable",
+    "1 when every Redis primary keeps an AOF fsynced on every write (appendonly yes, appendfsync always) "
+    "as last checked; 0: a crash can lose acknowledged writes",
+    multiprocess_mode="livemin",
+)
+
 # 1 per process group (a pod): "max" over its processes, so sum() over pods counts the
 # pods running each build, however many workers each has.
 # The subscription delivery worker's (durable-streams deliver)
