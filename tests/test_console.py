@@ -3,13 +3,17 @@ over HTTP, then the page in a real headless Chromium driven by Playwright: the l
 stream opened, a live tail that shows an append made from outside within a second, an
 append from the page, a delete with its confirmation; and with access control on, the
 token asked for, only readable streams listed, the live tail through a signed URL, a 403
-said in words. The browser tests are skipped, with the reason, when no Chromium is
-installed (Debian: ``apt-get install chromium``; Playwright never downloads one here)."""
+said in words; the overview's graphs, figures and subscriptions (light, dark, a phone), and
+a stream's activity (its live readers on every gateway, its write rate). The browser tests
+are skipped, with the reason, when no Chromium is installed (Debian: ``apt-get install
+chromium``; Playwright never downloads one here)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import re
 import shutil
 import time
 import uuid
@@ -20,8 +24,11 @@ from typing import Any
 import aiohttp
 import pytest
 
+from gateway.cli.embedded import EmbeddedRedis
 from gateway.config import Settings
 from gateway.http import console
+from gateway.storage import stats
+from gateway.storage.scripts import connect_scripts
 
 from .conftest import serving
 
@@ -128,6 +135,8 @@ async def test_files_redirects_and_headers(redis_url: str, http: aiohttp.ClientS
         for name, content_type in [
             ("console.js", "text/javascript; charset=utf-8"),
             ("api.js", "text/javascript; charset=utf-8"),
+            ("charts.js", "text/javascript; charset=utf-8"),
+            ("overview.js", "text/javascript; charset=utf-8"),
             ("console.css", "text/css; charset=utf-8"),
             ("icon.svg", "image/svg+xml"),
         ]:
@@ -141,6 +150,7 @@ async def test_files_redirects_and_headers(redis_url: str, http: aiohttp.ClientS
                 "stream_root": "../../",
                 "listing": "../streams",
                 "detail": "../streams/",
+                "stats": "../stats",
                 "sign": "../../../../auth/sign",
             }
         async with http.get(f"{base}{CONSOLE}missing.js") as r:
@@ -226,8 +236,8 @@ async def test_list_open_tail_append_delete(redis_url: str, http: aiohttp.Client
         await page.keyboard.press("Enter")
         await page.get_by_role("heading", name=f"{run}/events").wait_for()
         await page.locator("#read-output", has_text='"n": 2').wait_for()  # a JSON stream: pretty JSON
-        assert await page.get_by_label("View").input_value() == "json"
-        await page.get_by_label("View").select_option("hex")
+        assert await page.get_by_label("View", exact=True).input_value() == "json"
+        await page.get_by_label("View", exact=True).select_option("hex")
         await page.locator("#read-output", has_text="|[{").wait_for()
 
         await page.get_by_role("link", name=f"{run}/log").click()
@@ -376,3 +386,160 @@ async def test_with_access_control(
         async with http.head(f"{base}/{run}/mine/x", headers=admin) as r:
             assert r.status == 200
     assert _page_problems(page, "401", "403") == []
+
+
+# -- the system live ----------------------------------------------------------------------
+
+
+class _Workload(stats.ProcessCounters):
+    """A gateway's counters as a test sets them (for a bucket recorded in the past)."""
+
+    def start(self) -> None:
+        pass
+
+    def take(self) -> tuple[int, int]:
+        return 120, 12_000
+
+    def live(self) -> tuple[int, int]:  # type: ignore[override]
+        return 4, 1
+
+
+async def _recorded_before(redis_url: str) -> None:
+    """A bucket of 20 s ago as a gateway recorded it: the graphs show complete buckets."""
+    scripts = connect_scripts(redis_url, cluster=False, max_connections=2, timeout=5.0)
+    try:
+        past = stats.Recorder(scripts, lambda sid: 0, [], counters=_Workload(), interval=2.0)
+        past.process = "earlier-gateway"
+        await past.tick(int(time.time() * 1000) - 20_000)
+    finally:
+        await scripts.aclose()
+
+
+async def _until(check: Any, then: Any, what: str, seconds: float = WAIT_MS / 1000) -> None:
+    """``then()`` (e.g. a refresh) until ``check()`` holds, for at most ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not await check():
+        assert time.monotonic() < deadline, f"never: {what}"
+        await then()
+        await asyncio.sleep(0.3)
+
+
+async def test_overview(
+    own_redis: EmbeddedRedis, http: aiohttp.ClientSession, page: Any, monkeypatch
+) -> None:
+    monkeypatch.setattr(stats, "TICK_SECONDS", 0.2)  # the gateway records five times a second
+    async with serving(own_redis.url) as base:
+        await _recorded_before(own_redis.url)
+        await _put(http, f"{base}/orders/1", b"", TEXT)
+        for n in range(3):
+            async with http.post(f"{base}/orders/1", data=f"order {n}\n".encode(), headers=TEXT) as r:
+                assert r.status == 204
+        hook = {"type": "webhook", "pattern": "orders/*", "webhook": {"url": "https://93.184.215.14/h"}}
+        async with http.put(f"{base}/__ds/subscriptions/order-feed", json=hook) as r:
+            assert r.status == 201
+
+        await page.goto(f"{base}{CONSOLE}")
+        await page.get_by_role("region", name="Overview").wait_for()
+        await page.locator("#overview[data-loaded]").wait_for()
+        assert await page.get_by_role("link", name="Overview").get_attribute("aria-current") == "page"
+        for role in ("banner", "navigation", "main", "search"):  # the landmarks as before
+            assert await page.get_by_role(role).count() == 1, role
+        unlabelled = await page.evaluate(UNLABELLED)
+        assert unlabelled == [], f"form controls without a label: {unlabelled}"
+
+        # Five graphs, each saying in words what it shows; the past bucket drawn.
+        charts = page.locator("#charts svg[role=img]")
+        assert await charts.count() == 5
+        labels = [await chart.get_attribute("aria-label") for chart in await charts.all()]
+        assert labels[0].startswith("Appends per second, 15 min ago to now: latest") and labels[0].endswith(
+            "highest 12/s"
+        ), labels
+        assert labels[2].startswith("Live readers") and labels[2].endswith("highest 0.8"), labels
+        assert await page.locator("#charts svg polyline").count() >= 4
+        # 120 recorded before, 3 now (the gateways of one process share its counters: another
+        # test's gateway still running here may record some of these in its own Redis).
+        await page.locator("#overview-state", has_text=re.compile(r"12\d appends in 15 min")).wait_for()
+        figures = await page.locator("#figures").inner_text()
+        for name in ("Appends", "Written", "Live readers", "Archive lag", "Subscription backlog"):
+            assert name in figures, figures
+
+        # The subscriptions with their state.
+        row = page.get_by_role("row", name="order-feed")
+        await row.wait_for()
+        assert "due now" in await row.inner_text() and "orders/*" in await row.inner_text()
+
+        # A live reader from outside: counted at the next refresh (here: the window changed).
+        sse = await http.get(f"{base}/orders/1", params={"offset": "now", "live": "sse"})
+        try:
+            readers = page.locator("#figures div", has_text="Live readers").locator(".value")
+
+            async def counted() -> bool:
+                return await readers.inner_text() == "1"
+
+            async def refresh() -> None:
+                window = page.get_by_label("Graphs of the last")
+                await window.select_option("60" if await window.input_value() == "15" else "15")
+
+            await _until(counted, refresh, "the live reader counted")
+        finally:
+            sse.close()
+
+        # Dark and light schemes, and a phone: no sideways scrolling.
+        line = page.locator("#charts svg polyline").first
+        stroke = "e => getComputedStyle(e).stroke"
+        light = await line.evaluate(stroke)
+        await page.emulate_media(color_scheme="dark")
+        assert await line.evaluate(stroke) != light
+        await page.set_viewport_size({"width": 390, "height": 844})
+        wide = await page.evaluate("document.documentElement.scrollWidth")
+        assert wide <= 390, f"the page is {wide}px wide on a phone"
+        box = await charts.first.bounding_box()
+        assert box and box["width"] > 200  # a graph across the screen
+    assert _page_problems(page) == []
+
+
+async def test_stream_activity(
+    own_redis: EmbeddedRedis, http: aiohttp.ClientSession, page: Any, monkeypatch
+) -> None:
+    monkeypatch.setattr(stats, "TICK_SECONDS", 0.2)
+    async with serving(own_redis.url) as base:
+        await _put(http, f"{base}/jobs/7/log", b"started\n", TEXT)
+        await page.goto(f"{base}{CONSOLE}")
+        await page.get_by_role("link", name="jobs/7/log").click()
+        activity = page.get_by_role("region", name="Activity")
+        await activity.wait_for()
+        readers = page.locator("#activity div", has_text="Live readers").locator(".value")
+        await readers.wait_for()
+        refresh = page.get_by_role("button", name="Refresh")
+
+        # The page's own live tail is a reader; so is one on another gateway of the same Redis.
+        await page.get_by_role("button", name="Start tail").click()
+        await page.locator("#tail-state", has_text="Live").wait_for()
+        async with serving(own_redis.url) as other:
+            sse = await http.get(f"{other}/jobs/7/log", params={"offset": "now", "live": "sse"})
+            try:
+
+                async def two() -> bool:
+                    return await readers.inner_text() == "2"
+
+                await _until(two, refresh.click, "both readers counted")
+            finally:
+                sse.close()
+
+        # Its write rate: appends between samples a second apart.
+        for n in range(3):
+            async with http.post(f"{base}/jobs/7/log", data=f"step {n}\n".encode(), headers=TEXT) as r:
+                assert r.status == 204
+            await asyncio.sleep(1.05)
+            await refresh.click()
+        await page.locator("#activity-chart svg polyline").first.wait_for()
+        rate = await page.locator("#activity div", has_text="Write rate").locator(".value").inner_text()
+        assert rate.endswith("/s") and rate != "—", rate
+        label = await page.locator("#activity-chart svg").get_attribute("aria-label")
+        assert label.startswith("Write rate, since opened to now: latest"), label
+
+        # Back to the overview: by its link, focus on its heading, the stream's polling stopped.
+        await page.get_by_role("link", name="Overview").click()
+        await expect(page.get_by_role("heading", name="Overview")).to_be_focused()
+        assert await page.locator("#detail").is_hidden()
+    assert _page_problems(page) == []

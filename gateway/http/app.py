@@ -31,7 +31,7 @@ from ..storage.scripts import connect_scripts, replica_ack
 from ..storage.store import Store
 from ..telemetry import metrics
 from ..telemetry.logs import QUIET_MALFORMED, RateLimited
-from . import buckets, console, handlers, listing, subscriptions
+from . import buckets, console, handlers, listing, stats, subscriptions
 from .accesslog import AccessLog
 from .bodies import BodyBudget
 from .context import GATEWAY, Gateway
@@ -404,6 +404,7 @@ def create_app(
     app.on_startup.append(startup)
     app.on_shutdown.append(shutdown)
     app.on_cleanup.append(cleanup)
+    stats.install(app, settings)  # the console's live statistics: this process' recorder
 
     stream = {
         "PUT": handlers.put_stream,
@@ -424,6 +425,7 @@ def create_app(
     # The reserved namespace ({prefix}/__ds/) is routed before the streams.
     for name, path, methods in [
         *console.routes(settings),
+        *stats.routes(settings),
         *listing.routes(settings.prefix),
         *subscriptions.routes(settings.prefix),
     ]:

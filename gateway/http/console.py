@@ -2,8 +2,9 @@
 and the ``config.json`` the page starts from.
 
 The page holds no data: everything it shows comes from the protocol's own requests
-(and the listing, and ``/auth/sign`` for live tails), made from the browser with the
-user's own credentials, so serving it needs no access control. Its answers carry a
+(and the listing, the live statistics of http/stats.py, and ``/auth/sign`` for live
+tails), made from the browser with the user's own credentials, so serving it needs no
+access control. Its answers carry a
 strict Content-Security-Policy of their own instead of the ``sandbox`` every stream
 answer gets (which would stop the page's scripts).
 """
@@ -87,6 +88,7 @@ def _config(settings: Settings) -> bytes:
             "stream_root": "../../",
             "listing": "../streams",
             "detail": "../streams/",  # + a stream's path: its listing entry and producers
+            "stats": "../stats",  # the live statistics (http/stats.py); + /streams/{path}, /subscriptions
             "sign": "../../" + "../" * depth + "auth/sign",
         }
     )

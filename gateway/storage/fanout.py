@@ -106,6 +106,11 @@ class Fanout:
                 log.exception("the pub/sub listener had failed")
         await self._redis.aclose()
 
+    def readers(self, sid: str) -> int:
+        """Live readers of stream ``sid`` waiting in this process now (the console's stats)."""
+        channel = self._channels.get(keys.notify_channel(sid))
+        return len(channel.waiters) if channel is not None else 0
+
     def redis_answered(self, node: str | None = None) -> None:
         """A command of this process just got an answer from Redis (on a cluster from
         ``node``, its "host:port"; None: any node). Cheap, for every successful call: a

@@ -50,6 +50,7 @@ export class Api {
     this.listing = new URL(config.listing, page);
     this.detail = new URL(config.detail, page);
     this.signer = new URL(config.sign, page);
+    this.statistics = new URL(config.stats, page);
   }
 
   get token() {
@@ -90,6 +91,21 @@ export class Api {
   // One stream as the listing shows it, with its idempotent producers' state.
   async info(path) {
     return (await this.request(new URL("./" + encodePath(path), this.detail))).json();
+  }
+
+  // The live statistics (read from Redis: the same on every gateway).
+  async stats(minutes) {
+    const url = new URL(this.statistics);
+    url.searchParams.set("minutes", String(minutes));
+    return (await this.request(url)).json();
+  }
+
+  async streamStats(path) {
+    return (await this.request(new URL(`${this.statistics.pathname}/streams/${encodePath(path)}`, this.statistics))).json();
+  }
+
+  async subscriptionStats() {
+    return (await this.request(new URL(`${this.statistics.pathname}/subscriptions`, this.statistics))).json();
   }
 
   async head(path) {

@@ -1,8 +1,9 @@
-// The console page: the stream list, one stream's details, reads, the live tail, appends,
-// and create/close/delete/fork. Every value from the server or a stream goes into the
-// page as text (textContent), never as HTML.
+// The console page: the overview (overview.js), the stream list, one stream's details and
+// activity, reads, the live tail, appends, and create/close/delete/fork. Every value from
+// the server or a stream goes into the page as text (textContent), never as HTML.
 
 import { Api } from "./api.js";
+import { Activity, Overview } from "./overview.js";
 import { LiveTail } from "./tail.js";
 import { defaultView, formatAgo, formatBytes, formatTime, render, rows } from "./views.js";
 
@@ -21,6 +22,8 @@ const state = {
   page: null, // the last catch-up read
   tail: null,
   declined: false, // the user went on without a token
+  overview: null, // the overview's graphs, refreshed while shown
+  activity: null, // the open stream's readers and write rate, refreshed while open
 };
 
 // -- messages -----------------------------------------------------------------------------
@@ -167,13 +170,17 @@ function stopTail() {
   state.tail = null;
 }
 
-function showNothing() {
+function showNothing({ focus = false } = {}) {
   stopTail();
+  state.activity.stop();
   state.path = null;
   state.info = null;
   $("detail").hidden = true;
-  $("empty").hidden = false;
+  $("overview").hidden = false;
+  $("overview-link").setAttribute("aria-current", "page");
   markCurrent();
+  state.overview.start();
+  if (focus) $("overview-title").focus();
 }
 
 async function open(path, { focus = true } = {}) {
@@ -181,7 +188,9 @@ async function open(path, { focus = true } = {}) {
   state.path = path;
   state.page = null;
   markCurrent();
-  $("empty").hidden = true;
+  state.overview.stop();
+  $("overview").hidden = true;
+  $("overview-link").removeAttribute("aria-current");
   $("detail").hidden = false;
   $("detail-title").textContent = path;
   for (const id of ["read-output", "tail-log"]) $(id).replaceChildren();
@@ -190,6 +199,7 @@ async function open(path, { focus = true } = {}) {
   $("next-page").disabled = true;
   $("read-offset").value = "-1";
   if (focus) $("detail-title").focus();
+  state.activity.start(path);
   try {
     await refresh();
   } catch (err) {
@@ -415,14 +425,15 @@ function route() {
   if (hash.startsWith("#/s/")) {
     const path = decodeURIComponent(hash.slice(4));
     if (path !== state.path) act(() => open(path, { focus: true }));
-  } else if (!hash || hash === "#") {
-    showNothing();
+  } else if (!hash || hash === "#" || hash === "#/") {
+    showNothing({ focus: Boolean(state.info) || hash === "#/" });
   }
 }
 
 async function reload() {
   await loadList();
   if (state.path) await open(state.path, { focus: false });
+  else state.overview.start();
 }
 
 function wire() {
@@ -434,7 +445,7 @@ function wire() {
   $("more").addEventListener("click", (event) => act(() => loadList(true), event.currentTarget));
   $("create").addEventListener("submit", (event) => act(() => create(event), event.submitter));
   $("refresh").addEventListener("click", (event) => act(async () => {
-    await refresh();
+    await Promise.all([refresh(), state.activity.poller.kick()]);
     say(`Refreshed ${state.path}`);
   }, event.currentTarget));
   $("read").addEventListener("submit", (event) => {
@@ -457,7 +468,7 @@ function wire() {
   $("sign-out").addEventListener("click", signOut);
   document.querySelector(".skip").addEventListener("click", (event) => {
     event.preventDefault(); // the hash names the open stream: not a place for a fragment
-    ($("detail").hidden ? $("search-prefix") : $("detail-title")).focus();
+    ($("detail").hidden ? $("overview-title") : $("detail-title")).focus();
   });
   window.addEventListener("hashchange", route);
 }
@@ -465,6 +476,8 @@ function wire() {
 async function main() {
   const response = await fetch("config.json", { cache: "no-cache" });
   state.api = new Api(await response.json(), location.href);
+  state.overview = new Overview(state.api, $);
+  state.activity = new Activity(state.api, $);
   wire();
   if (state.api.config.auth) {
     $("session").hidden = false;
