@@ -11,6 +11,7 @@ import contextlib
 import os
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.request
 import uuid
@@ -98,6 +99,29 @@ def wait_ready(port: int, proc: subprocess.Popen[bytes], seconds: float = 30) ->
         except OSError:
             time.sleep(0.1)
     raise AssertionError("gateway did not become ready")
+
+
+def ready_worker(cmd: list[str], seconds: float = 60) -> subprocess.Popen[bytes]:
+    """A worker process (``durable-streams archive|deliver …``) once its loop runs: it is given a
+    metrics port and awaited until its /healthz answers 200. A test that kills or stops it at
+    moments it picks must not count from the fork: on a loaded machine the imports alone can
+    take longer than the moments it picks."""
+    port = free_port()
+    log = tempfile.TemporaryFile()  # not a pipe: nobody reads it while the worker runs
+    proc = subprocess.Popen([*cmd, "--metrics-port", str(port)], stderr=log)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            log.seek(0)
+            raise AssertionError(f"the worker exited {proc.returncode}: {log.read().decode(errors='replace')}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:
+                if r.status == 200:
+                    return proc
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise AssertionError(f"the worker did not become healthy in {seconds:g} s: {cmd}")
 
 
 def _docker_redis() -> Iterator[str] | None:

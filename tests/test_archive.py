@@ -34,7 +34,7 @@ from gateway.protocol import offsets
 from gateway.storage import keys
 from workers.archiver import Archiver, Policy
 
-from .conftest import free_port
+from .conftest import free_port, ready_worker
 
 # Every round due at once (max delay 0); files below min_bytes are merged with the next
 # round (min_bytes 0 would merge nothing). Tiny row groups: cold reads cross row groups as well as files.
@@ -365,8 +365,8 @@ async def test_sigkill_during_a_run_never_loses_or_doubles(http, gateway, redis,
 
     states = []
     for _ in range(8):
-        worker = subprocess.Popen(cmd)
-        await write_for(rng.uniform(0.8, 1.5))  # the worker starts in ~0.5 s, then archives all along
+        worker = ready_worker(cmd)  # its loop runs: then it archives all along
+        await write_for(rng.uniform(0.8, 1.5))
         worker.send_signal(signal.SIGKILL)
         worker.wait()
         states.append(await leftovers(redis, [sid_of(s) for s in streams]))

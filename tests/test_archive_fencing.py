@@ -13,7 +13,6 @@ import asyncio
 import dataclasses
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -36,7 +35,7 @@ from gateway.protocol import offsets
 from gateway.storage import keys
 from workers.archiver import Archiver, Lease
 
-from .conftest import start_gateway
+from .conftest import ready_worker, start_gateway
 from .test_archive import HOT0, check_once, create, segments_of, sid_of, transcript
 
 LEASE = 0.6  # seconds: short, so a pause outlasts it quickly
@@ -330,7 +329,7 @@ async def test_a_sigstopped_worker_process_is_fenced(http, redis, redis_url, arc
         written = bytearray(os.urandom(1000))
         await create(http, url, "application/octet-stream", bytes(written))
         await Archiver(redis, Archive(archive_dir), HOT0).archive_stream(sid)  # the stream has an incarnation
-        worker = subprocess.Popen(worker_command(redis_url, archive_dir))
+        worker = ready_worker(worker_command(redis_url, archive_dir))  # its loop runs
         caught = False
         for _ in range(20):  # until the stop lands between stage and commit
             for _ in range(2):
