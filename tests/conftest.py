@@ -113,7 +113,8 @@ def ready_worker(cmd: list[str], seconds: float = 60) -> subprocess.Popen[bytes]
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             log.seek(0)
-            raise AssertionError(f"the worker exited {proc.returncode}: {log.read().decode(errors='replace')}")
+            said = log.read().decode(errors="replace")
+            raise AssertionError(f"the worker exited {proc.returncode}: {said}")
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:
                 if r.status == 200:
