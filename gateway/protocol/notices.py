@@ -88,23 +88,63 @@ def stitch(notices: Iterable[Notice | None], start: int) -> Delivery | None:
     return Delivery(start, position, closed, tuple(entries))
 
 
-class Recent:
-    """The last few notices of one stream, oldest first."""
+# What one entry of a notice holds beyond its bytes: the (position, data) tuple, the
+# position's int and the bytes object's header. A JSON append of many small messages is
+# mostly this (a 9 KB notice of 400 messages holds ~57 KB).
+_ENTRY_OVERHEAD = 128
+_NOTICE_OVERHEAD = 256
 
-    def __init__(self, size: int = 32) -> None:
-        self._notices: deque[Notice] = deque(maxlen=size)
+
+def held_bytes(notice: Notice) -> int:
+    """About how much memory a parsed notice holds (its data and the objects around it)."""
+    if not notice.entries:
+        return _NOTICE_OVERHEAD
+    return _NOTICE_OVERHEAD + sum(len(data) + _ENTRY_OVERHEAD for _, data in notice.entries)
+
+
+class Recent:
+    """The last few notices of one stream, oldest first: at most ``size``, and no more
+    than ``budget`` bytes of them (``held_bytes``).
+
+    Only a shortcut: a reader the kept notices do not cover reads Redis, so the bound
+    costs at most a (shared) read. Without it every subscribed stream held its last
+    ``size`` notices, each up to --notice-payload-bytes of data (~57 KB once a JSON
+    batch of small messages is split): up to ~1.8 MB per stream a reader had touched.
+    """
+
+    def __init__(self, size: int = 32, budget: int = 64 * 1024) -> None:
+        self._size, self._budget = size, budget
+        self._notices: deque[Notice] = deque()
+        self._held: deque[int] = deque()  # held_bytes of each notice, in the same order
+        self._total = 0
         self._deliveries: dict[int, Delivery | None] = {}  # readers at one offset share one
 
     def add(self, notice: Notice | None) -> None:
         self._deliveries.clear()
         if notice is None:
-            self._notices.clear()  # deleted, or unknown: nobody may trust older notices
-        else:
-            self._notices.append(notice)
+            self.clear()  # deleted, or unknown: nobody may trust older notices
+            return
+        held = held_bytes(notice)
+        self._notices.append(notice)
+        self._held.append(held)
+        self._total += held
+        while self._notices and (len(self._notices) > self._size or self._total > self._budget):
+            self._notices.popleft()
+            self._total -= self._held.popleft()
 
     def clear(self) -> None:
         self._deliveries.clear()
         self._notices.clear()
+        self._held.clear()
+        self._total = 0
+
+    @property
+    def held(self) -> int:
+        """``held_bytes`` of the notices kept."""
+        return self._total
+
+    def __len__(self) -> int:
+        return len(self._notices)
 
     def delivery(self, start: int) -> Delivery | None:
         if start not in self._deliveries:

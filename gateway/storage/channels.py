@@ -76,7 +76,13 @@ class Channel:
         it was busy, so a sink gets one write however many appends it covers:
         writes per second stay bounded and latency degrades gracefully.
         """
-        self.notified_at = time.monotonic()
+        self.notified_at = time.monotonic()  # also while nobody waits: a reader may be registering
+        if not self.waiters:
+            # Lingering after its last reader left (fanout.py): a history would only hold
+            # memory (it held every lingering stream's last notices), and a reader that
+            # comes re-reads Redis after registering anyway.
+            self.recent.clear()
+            return
         for notice in batch:
             self.recent.add(notice)
         deliveries: dict[int, notices.Delivery | None] = {}  # sinks mostly share a position
