@@ -89,10 +89,11 @@ async def test_rss_stays_flat_and_open_counts_return_to_idle(redis_url: str) -> 
                 soak(process.base_url, process.pid, heavy, WARMUP, sample_seconds=2.0, settle_seconds=40.0),
                 run_traffic(base, light),
             )
-            after = await settled(gw, idle, 5.0)  # the soak waited out the linger already
+            after = await settled(gw, idle, 30.0)  # mostly at once: the soak waited out the linger
         finally:
             await server.close()
     print(report.summary())
+    print(f"in-process open counts: idle {idle}, after the clients {after}")
     first, peak, percent = report.growth()
     assert report.counts.appends > SECONDS * 20 and report.counts.sse_sessions > 300, report.counts
     assert peak <= first * (1 + GROWTH), (
