@@ -198,6 +198,16 @@ def _int(options: Mapping[str, str], name: str, default: int | None) -> int | No
     return number
 
 
+def _base_url(options: Mapping[str, str]) -> str:
+    """The ``url`` option (Spark's ``load(path)``/``save(path)`` as ``path``): required."""
+    url = options.get("url") or options.get("path")
+    if not url:
+        raise ValueError(
+            'the "url" option is required: the streams\' base URL, e.g. http://host:4437/v1/stream'
+        )
+    return url
+
+
 @dataclass(frozen=True)
 class ReadOptions:
     url: str
@@ -213,11 +223,7 @@ class ReadOptions:
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> ReadOptions:
-        url = options.get("url") or options.get("path")
-        if not url:
-            raise ValueError(
-                'the "url" option is required: the streams\' base URL, e.g. http://host:4437/v1/stream'
-            )
+        url = _base_url(options)
         if options.get("prefix") and options.get("paths"):
             raise ValueError('give "prefix" or "paths", not both')
         paths = options.get("paths")
@@ -573,11 +579,7 @@ class WriteOptions:
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> WriteOptions:
-        url = options.get("url") or options.get("path")
-        if not url:
-            raise ValueError(
-                'the "url" option is required: the streams\' base URL, e.g. http://host:4437/v1/stream'
-            )
+        url = _base_url(options)
         return cls(
             url=url,
             token=options.get("token") or None,
