@@ -154,7 +154,7 @@ class Appends:
         )
         args = encoded(first.script_args())
         call = self._call([(sid, first, args)], [0])
-        result = await _waiting_out_busy(lambda: self._run_one(call))
+        result = await _waiting_out_busy(lambda: self._run_alone(call))
         if text(result[0]) != "pending":
             return result  # refused by its checks, a producer's duplicate, ...
         head = [
@@ -189,13 +189,9 @@ class Appends:
             metrics.APPENDED_BYTES.inc(first.total)
         return result
 
-    async def _run_one(self, call: tuple[list[str], list[Any], list[int]]) -> Any:
-        try:
-            return (await self.scripts.run("append", *call[:2]))[0]
-        except (NotSent, redis.exceptions.BusyLoadingError):
-            raise
-        except UNAVAILABLE as exc:
-            raise outcome_unknown() from exc
+    async def _run_alone(self, call: tuple[list[str], list[Any], list[int]]) -> Any:
+        """append.lua for one append (its failures as _waiting_out_busy tells them)."""
+        return (await self.scripts.run("append", *call[:2]))[0]
 
     async def _abort(self, script_keys: list[str], head: list[Any]) -> None:
         """Drop a large append's parts at once, if Redis answers (else PEND_MS does it)."""
