@@ -57,7 +57,7 @@ class Settings:
     # the archive (serve reads it; `durable-streams archive` writes it)
     archive_url: str | None = None
     archive_hints: bool = True
-    stream_registry: bool = False  # storage/registry.py: a __registry__ stream of creates and deletes
+    stream_registry: bool = False  # streams/registry.py: a __registry__ stream of creates and deletes
     archive_cache_bytes: int = 128 * 1024 * 1024
     archive_hot_bytes: int = 1024 * 1024
     archive_hot_seconds: float = 300.0
@@ -91,7 +91,7 @@ class Settings:
     rate_limits: str = ""
     max_live_connections: int = 20000
     max_live_per_credential: int = 1000
-    # write backpressure (storage/backpressure.py): writes pause before Redis is full
+    # write backpressure (features/backpressure.py): writes pause before Redis is full
     write_pause_memory: str = "90%"
     write_pause_archive_lag: float = 0.0
     write_pause_retry_after: int = 1
@@ -432,7 +432,7 @@ def memory_mark(raw: str) -> MemoryMark:
 
 
 def _memory_mark_text(raw: str) -> str:
-    memory_mark(raw)  # checked here; storage/backpressure.py reads it
+    memory_mark(raw)  # checked here; features/backpressure.py reads it
     return raw.strip().lower()
 
 

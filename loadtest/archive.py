@@ -24,7 +24,7 @@ import redis.asyncio as aioredis
 
 from gateway.archive.files import Archive
 from gateway.cli.embedded import EmbeddedRedis
-from gateway.storage import keys
+from gateway.redis_io import keys
 from workers.archiver import Archiver, Policy
 
 from .appends import catch_up, fill

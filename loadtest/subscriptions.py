@@ -58,7 +58,7 @@ import aiohttp
 import redis
 from aiohttp import web
 
-from gateway.storage import keys
+from gateway.redis_io import keys
 
 from .appends import run_appends, scenario
 from .cluster import _machine_busy, cores, machine_busy_percent

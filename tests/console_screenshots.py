@@ -4,7 +4,7 @@
 A Redis and a gateway of their own, a few example streams, then the console on a desktop
 and on a phone-sized viewport, with a live tail that got appends from outside; and the
 overview, dark on the desktop, light on the phone. The overview's last 15 minutes are
-simulated: recorded by the statistics' own recorder (gateway/storage/stats.py) with a
+simulated: recorded by the statistics' own recorder (gateway/features/stats.py) with a
 simulated clock and workload (``DemoCounters``), the archive lag and subscription backlog
 of those minutes written as the recorder samples them; what is under way now is real
 (appends, live readers, the subscriptions and their state)."""
@@ -25,8 +25,8 @@ import redis.asyncio as aioredis
 from playwright.async_api import Page, async_playwright
 
 from gateway.cli.embedded import EmbeddedRedis
-from gateway.storage import stats
-from gateway.storage.scripts import connect_scripts
+from gateway.features import stats
+from gateway.redis_io.scripts import connect_scripts
 
 from .conftest import free_port, start_gateway
 

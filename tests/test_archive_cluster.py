@@ -31,10 +31,10 @@ from redis.crc import key_slot
 
 from gateway.archive.files import Archive
 from gateway.archive.segments import Segment
+from gateway.features.hints import HintKeys
 from gateway.protocol import offsets
-from gateway.storage import keys
-from gateway.storage.hints import HintKeys
-from gateway.storage.scripts import connect_scripts, replica_ack
+from gateway.redis_io import keys
+from gateway.redis_io.scripts import connect_scripts, replica_ack
 from workers.archiver import Archiver, Policy, now_ms
 
 from .cluster import Cluster, Node

@@ -32,7 +32,7 @@ from gateway.archive.files import Archive
 from gateway.archive.schema import Row, to_table
 from gateway.archive.segments import Segment, file_name
 from gateway.protocol import offsets
-from gateway.storage import keys
+from gateway.redis_io import keys
 from workers.archiver import Archiver, Lease
 
 from .conftest import ready_worker, start_gateway

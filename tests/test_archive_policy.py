@@ -21,7 +21,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from gateway.archive.files import Archive
-from gateway.storage import keys
+from gateway.redis_io import keys
 from workers.archiver import Archiver, Policy
 
 from .test_archive import check_once, create, log_length, segments_of, sid_of, transcript

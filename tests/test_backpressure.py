@@ -25,10 +25,10 @@ from prometheus_client import REGISTRY
 from gateway.archive.files import Archive
 from gateway.cli.embedded import EmbeddedRedis
 from gateway.config import MemoryMark, memory_mark
+from gateway.features.backpressure import RESUME, WritePause, memory_limit, over
+from gateway.features.hints import HintKeys
 from gateway.http.guard import stores_data
-from gateway.storage import keys
-from gateway.storage.backpressure import RESUME, WritePause, memory_limit, over
-from gateway.storage.hints import HintKeys
+from gateway.redis_io import keys
 from workers.archiver import Archiver, Policy
 
 from .cluster import Cluster

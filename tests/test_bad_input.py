@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from gateway.storage import keys
+from gateway.redis_io import keys
 
 from .conftest import read_all, serving
 

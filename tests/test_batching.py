@@ -9,7 +9,7 @@ import time
 import aiohttp
 
 from gateway.concurrency.batching import Batcher
-from gateway.storage import keys
+from gateway.redis_io import keys
 
 from .test_live import evalsha_calls, read_sse
 

@@ -30,8 +30,8 @@ from gateway.http.bodies import BodyBudget
 from gateway.http.context import Gateway
 from gateway.http.guard import Guard
 from gateway.protocol import offsets
-from gateway.storage import keys
-from gateway.storage.limits import MAX_FORK_DEPTH, MAX_READ_ENTRIES
+from gateway.redis_io import keys
+from gateway.redis_io.limits import MAX_FORK_DEPTH, MAX_READ_ENTRIES
 
 from .conftest import free_port, start_gateway
 

@@ -22,7 +22,7 @@ import aiohttp
 import pytest
 from redis.crc import key_slot
 
-from gateway.storage import keys
+from gateway.redis_io import keys
 from gateway.telemetry import metrics
 
 from .cluster import Cluster
@@ -366,8 +366,8 @@ async def append_records(
 
 async def test_no_node_reachable_is_not_sent() -> None:
     """A cluster nobody answers for: nothing was sent, so the caller may say 503 and retry."""
-    from gateway.storage.client import NotSent
-    from gateway.storage.scripts import connect_scripts
+    from gateway.redis_io.connections import NotSent
+    from gateway.redis_io.scripts import connect_scripts
 
     from .conftest import free_port
 
@@ -382,7 +382,7 @@ async def test_no_node_reachable_is_not_sent() -> None:
 async def test_a_script_asked_to_a_node_that_never_had_it(cluster: Cluster) -> None:
     """A slot being moved to a node without our scripts (a node added for resharding): the
     script is ASKed there and sent whole (EVAL) after ASKING, on that node."""
-    from gateway.storage.scripts import connect_scripts
+    from gateway.redis_io.scripts import connect_scripts
 
     bucket = keys.rate_bucket("ip:203.0.113.7", f"rule-{uuid.uuid4().hex}")
     slot = key_slot(bucket.encode())
@@ -409,8 +409,8 @@ async def test_a_script_asked_to_a_node_that_never_had_it(cluster: Cluster) -> N
 
 
 async def test_the_layout_check_scans_every_primary(cluster: Cluster) -> None:
-    from gateway.storage import layout
-    from gateway.storage.client import general
+    from gateway.redis_io import layout
+    from gateway.redis_io.connections import general
 
     client = general(cluster.seed_url, cluster=True)
     try:

@@ -24,9 +24,9 @@ from gateway.protocol import caching, offsets
 from gateway.protocol.conditions import Expected, IfMatch, parse_expected_offset, parse_if_match
 from gateway.protocol.errors import ProtocolError
 from gateway.protocol.models import AppendResult, CreateSpec
-from gateway.storage import keys
-from gateway.storage.scripts import Scripts
-from gateway.storage.store import Store
+from gateway.redis_io import keys
+from gateway.redis_io.scripts import Scripts
+from gateway.streams.store import Store
 
 from .cluster import Cluster
 from .conftest import read_all, serving

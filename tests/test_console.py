@@ -26,9 +26,9 @@ import pytest
 
 from gateway.cli.embedded import EmbeddedRedis
 from gateway.config import Settings
+from gateway.features import stats
 from gateway.http import console
-from gateway.storage import stats
-from gateway.storage.scripts import connect_scripts
+from gateway.redis_io.scripts import connect_scripts
 
 from .conftest import serving
 

@@ -46,7 +46,7 @@ import pytest
 import redis
 
 from gateway.cli.embedded import EmbeddedRedis
-from gateway.storage.durability import assess, assess_eviction
+from gateway.redis_io.durability import assess, assess_eviction
 
 from .conftest import free_port, read_all, redis_server_binary, start_gateway, wait_ready
 
@@ -254,7 +254,7 @@ async def test_a_redis_that_forbids_config_is_said_and_skipped(
     external_redis: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Managed Redis often refuses CONFIG: the gateway says it could not check, and serves."""
-    with caplog.at_level(logging.WARNING, logger="gateway.storage.durability"):
+    with caplog.at_level(logging.WARNING, logger="gateway.redis_io.durability"):
         gateway = await start_gateway(external_redis)
         try:
             async with aiohttp.ClientSession() as http:

@@ -22,9 +22,10 @@ import pytest
 from redis.asyncio import Redis, RedisCluster
 from redis.crc import key_slot
 
-from gateway.storage import keys, shard_listener
-from gateway.storage.channels import Watch
-from gateway.storage.fanout import Fanout
+from gateway.live import shard_listener
+from gateway.live.channels import Watch
+from gateway.live.fanout import Fanout
+from gateway.redis_io import keys
 
 from .cluster import Cluster, Node
 from .conftest import free_port
@@ -356,7 +357,7 @@ async def test_a_failure_inside_routing_does_not_end_it(
 ) -> None:
     """A bug while routing channels (here: a rerouting that raises once) is logged and the
     routing goes on: readers registered afterwards are subscribed and woken as ever."""
-    from gateway.storage import shards
+    from gateway.live import shards
 
     failures = []
     original = shards.Shards._reroute

@@ -18,9 +18,9 @@ import aiohttp
 import redis.asyncio as aioredis
 
 from gateway.http.app import GATEWAY
-from gateway.storage import keys
-from gateway.storage.channels import Watch
-from gateway.storage.fanout import Fanout
+from gateway.live.channels import Watch
+from gateway.live.fanout import Fanout
+from gateway.redis_io import keys
 
 from .conftest import own_redis_server, start_gateway
 from .test_live import read_sse
@@ -217,8 +217,8 @@ async def test_a_deleted_notice_wakes_parked_readers() -> None:
     """``deleted`` (and any unparsable notice) carries no data: a parked reader's task
     wakes and reads for itself. (It once reached ``notices.stitch`` as None, raised in
     the listener, and cost every reader of the process a pub/sub reconnect.)"""
+    from gateway.live.channels import Channel
     from gateway.protocol import notices
-    from gateway.storage.channels import Channel
 
     class Sink:
         position, closed, key = 5, False, "k"

@@ -1,4 +1,4 @@
-"""Large appends, written in bounded steps (storage/appends.py, lua/append_part.lua):
+"""Large appends, written in bounded steps (streams/appends.py, lua/append_part.lua):
 atomic to readers and to other writers, idempotent for producers, and gone without a
 trace when their writer is."""
 
@@ -16,8 +16,8 @@ import orjson
 from gateway.http.app import GATEWAY
 from gateway.protocol import offsets
 from gateway.protocol.entries import flatten, pack_bytes
-from gateway.storage import keys
-from gateway.storage.limits import STEP_BYTES
+from gateway.redis_io import keys
+from gateway.redis_io.limits import STEP_BYTES
 
 from .conftest import read_all, start_gateway
 

@@ -14,7 +14,7 @@ import redis.asyncio as aioredis
 
 from gateway.cli.embedded import EmbeddedRedis
 from gateway.protocol import offsets
-from gateway.storage import keys, layout
+from gateway.redis_io import keys, layout
 
 from .conftest import free_port
 
@@ -144,7 +144,7 @@ def test_the_command_line_and_the_migration_step_do_not_import_the_metrics() -> 
     PROMETHEUS_MULTIPROC_DIR, which prometheus-client reads once, at import: nothing on
     that path may import it (else /metrics loses the workers' counts)."""
     code = (
-        "import sys, gateway.cli.main, gateway.cli.migrate, gateway.storage.layout as l; "
+        "import sys, gateway.cli.main, gateway.cli.migrate, gateway.redis_io.layout as l; "
         "assert l.index_streams and 'prometheus_client' not in sys.modules, "
         "[m for m in sys.modules if m.startswith('gateway')]"
     )

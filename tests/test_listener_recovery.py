@@ -32,9 +32,10 @@ import redis.asyncio as aioredis
 from redis.asyncio.connection import AbstractConnection
 
 from gateway.cli.embedded import EmbeddedRedis
-from gateway.storage import keys, listener
-from gateway.storage.channels import Watch
-from gateway.storage.fanout import Fanout
+from gateway.live import listener
+from gateway.live.channels import Watch
+from gateway.live.fanout import Fanout
+from gateway.redis_io import keys
 
 from .cluster import Cluster, Node
 from .conftest import read_all, start_gateway

@@ -18,12 +18,12 @@ import pytest
 import redis.asyncio as aioredis
 
 from gateway.cli.embedded import EmbeddedRedis
+from gateway.features.listing import IndexSweep, Listing, lex_range
 from gateway.protocol import listing as rules
 from gateway.protocol.access import EVERYTHING, Grants, Principal
 from gateway.protocol.errors import ProtocolError
-from gateway.storage import keys, layout
-from gateway.storage.listing import IndexSweep, Listing, lex_range
-from gateway.storage.scripts import connect_scripts
+from gateway.redis_io import keys, layout
+from gateway.redis_io.scripts import connect_scripts
 
 from .cluster import Cluster
 from .conftest import serving

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway import __version__
 from gateway.archive.files import Archive
-from gateway.storage import keys
+from gateway.redis_io import keys
 from workers.archiver import Archiver, Policy
 
 from .conftest import free_port, wait_ready

@@ -16,10 +16,10 @@ import pytest
 import redis.asyncio as aioredis
 import redis.exceptions
 
+from gateway.features.ratelimit import RateLimiter
 from gateway.protocol.quotas import RateRule, match, parse_rules
-from gateway.storage import keys
-from gateway.storage.ratelimit import RateLimiter
-from gateway.storage.scripts import Scripts
+from gateway.redis_io import keys
+from gateway.redis_io.scripts import Scripts
 
 from .conftest import free_port, wait_ready
 

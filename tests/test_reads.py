@@ -10,7 +10,7 @@ import aiohttp
 import redis.asyncio as aioredis
 
 from gateway.http.app import GATEWAY
-from gateway.storage import keys
+from gateway.redis_io import keys
 
 from .conftest import start_gateway
 

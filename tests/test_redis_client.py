@@ -8,7 +8,7 @@ import pytest
 import redis.asyncio as aioredis
 from redis.asyncio.connection import Connection, UnixDomainSocketConnection
 
-from gateway.storage import client as redis_client
+from gateway.redis_io import connections as redis_client
 
 
 @pytest.mark.parametrize(

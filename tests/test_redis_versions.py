@@ -12,7 +12,7 @@ import redis
 from gateway.cli.embedded import EmbeddedRedis
 from gateway.http.app import GATEWAY
 from gateway.protocol import offsets
-from gateway.storage import keys, scripts
+from gateway.redis_io import keys, scripts
 
 from .conftest import own_redis_server, start_gateway
 

@@ -21,8 +21,8 @@ import redis
 
 from gateway.cli.embedded import EmbeddedRedis
 from gateway.config import Settings, conflict
-from gateway.storage.routing import node_url
-from gateway.storage.scripts import ReplicaAck, replica_ack, supports_waitaof
+from gateway.redis_io.routing import node_url
+from gateway.redis_io.scripts import ReplicaAck, replica_ack, supports_waitaof
 
 from .conftest import own_redis_server, read_all, redis_server_binary, serving
 
@@ -149,8 +149,8 @@ async def test_a_script_the_server_forgot_is_sent_whole(
 async def test_a_transient_failure_of_the_checks_is_not_a_refusal() -> None:
     """--require-durable refuses a Redis that may lose writes, not one that did not answer
     (a node restarting): that is retried."""
-    from gateway.storage import durability
-    from gateway.storage.client import general
+    from gateway.redis_io import durability
+    from gateway.redis_io.connections import general
 
     from .conftest import free_port
 
@@ -170,8 +170,8 @@ async def test_the_archive_keeps_files_until_the_replicas_confirm(
     import pyarrow as pa
 
     from gateway.archive.files import Archive
-    from gateway.storage.client import general
-    from gateway.storage.scripts import NotReplicated, connect_scripts
+    from gateway.redis_io.connections import general
+    from gateway.redis_io.scripts import NotReplicated, connect_scripts
     from workers.archiver import Archiver, Policy
 
     primary, replica = primary_and_replica

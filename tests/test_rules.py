@@ -21,7 +21,7 @@ from gateway.protocol.headers import (
     validate_content_type,
 )
 from gateway.protocol.jsonmode import body_entries, json_body, split_messages, to_array, with_offset
-from gateway.storage import durability, keys
+from gateway.redis_io import durability, keys
 
 
 class TestOffsets:

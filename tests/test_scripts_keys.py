@@ -14,7 +14,7 @@ import re
 
 import pytest
 
-from gateway.storage.scripts import NAMES, source
+from gateway.redis_io.scripts import NAMES, source
 
 # Commands that take no key.
 # PUBLISH takes a channel: the wake channel comes in ARGV (PUBLISH reaches every node).

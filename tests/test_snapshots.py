@@ -14,7 +14,7 @@ import aiohttp
 import redis.asyncio as aioredis
 
 from gateway.protocol import offsets
-from gateway.storage import keys
+from gateway.redis_io import keys
 
 from .conftest import serving
 

@@ -22,8 +22,8 @@ import asyncio
 from typing import Any
 
 from gateway.http.context import GATEWAY, Gateway
+from gateway.live.channels import Channel
 from gateway.protocol import notices
-from gateway.storage.channels import Channel
 from loadtest import servers
 from loadtest.soak import JSON, TEXT, Traffic, run_traffic, soak
 

@@ -17,7 +17,7 @@ from gateway.archive.files import Archive
 from gateway.archive.schema import Row, to_table
 from gateway.archive.segments import file_name
 from gateway.protocol import offsets
-from gateway.storage import keys
+from gateway.redis_io import keys
 from workers.archiver import Archiver, Policy
 
 pyspark = pytest.importorskip("pyspark", reason="pyspark is in the [test] extra")

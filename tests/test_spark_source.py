@@ -25,7 +25,7 @@ import aiohttp
 import pytest
 
 from gateway.archive.files import Archive
-from gateway.storage import keys
+from gateway.redis_io import keys
 from workers.archiver import Archiver, Policy
 
 from .conftest import start_gateway

@@ -20,7 +20,7 @@ import pytest
 import redis
 
 from gateway.cli.embedded import EmbeddedRedis
-from gateway.storage import keys, layout
+from gateway.redis_io import keys, layout
 
 from .conftest import free_port, redis_server_binary, start_gateway
 

@@ -1,4 +1,4 @@
-"""The console's live statistics (gateway/storage/stats.py, gateway/http/stats.py): the
+"""The console's live statistics (gateway/features/stats.py, gateway/http/stats.py): the
 buckets each process records and what a read sums up, against the real test Redis
 (under a hash tag of the test's own, with set counters and clocks); then over HTTP, two
 gateways on one Redis of the test's own, appends and live readers on both, and both
@@ -23,8 +23,9 @@ import pytest
 import redis.asyncio as aioredis
 
 from gateway.cli.embedded import EmbeddedRedis
-from gateway.storage import keys, stats
-from gateway.storage.scripts import Scripts, connect_scripts
+from gateway.features import stats
+from gateway.redis_io import keys
+from gateway.redis_io.scripts import Scripts, connect_scripts
 
 from .conftest import free_port, serving, wait_ready
 

@@ -9,7 +9,7 @@ import aiohttp
 import redis.asyncio as aioredis
 
 from gateway.protocol import offsets
-from gateway.storage import keys
+from gateway.redis_io import keys
 
 TEXT = {"Content-Type": "text/plain"}
 JSON = {"Content-Type": "application/json"}

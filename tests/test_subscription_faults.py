@@ -39,7 +39,7 @@ import redis.asyncio as aioredis
 
 from gateway.cli.embedded import EmbeddedRedis
 from gateway.protocol.subscriptions import BEFORE_FIRST
-from gateway.storage import keys
+from gateway.redis_io import keys
 
 from .cluster import Cluster
 from .conftest import free_port, serving, wait_ready

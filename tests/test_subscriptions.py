@@ -18,7 +18,7 @@ import pytest
 
 from gateway.protocol import offsets
 from gateway.protocol.subscriptions import BEFORE_FIRST
-from gateway.storage import keys
+from gateway.redis_io import keys
 
 from .conftest import serving
 from .webhooks import LOOPBACK, Delivery, deliver_worker, eventually, finish, receiver, verified

@@ -21,9 +21,9 @@ from gateway.protocol import offsets
 from gateway.protocol.errors import ProtocolError
 from gateway.protocol.headers import Expiry
 from gateway.protocol.models import CreateSpec, Meta
-from gateway.storage import keys
-from gateway.storage.scripts import Scripts
-from gateway.storage.store import Store
+from gateway.redis_io import keys
+from gateway.redis_io.scripts import Scripts
+from gateway.streams.store import Store
 
 TEXT = "text/plain"
 

@@ -25,7 +25,7 @@ SIGSTOP, a slow PUT) changes nothing there; it notices, stops the round, and
 deletes a file it wrote only if ``archive_named.lua`` says no committed or
 staged segment of a live incarnation names it. Every file delete asks that.
 
-Work is found through hints (``gateway/storage/hints.py``) and a periodic
+Work is found through hints (``gateway/features/hints.py``) and a periodic
 reconciliation (one worker at a time) that also removes the files of deleted
 and expired streams, found through the index ``keys.ARCHIVE_SEGSETS``.
 
@@ -36,7 +36,7 @@ reconciliation SCANs every primary, each with its own cursor; and a pipeline
 that reads several streams' keys is no transaction (redis-py sends each node its
 part). The scripts go to the stream's node (``connect_scripts``).
 
-Redis away: the worker starts anyway and waits for it (``gateway/storage/
+Redis away: the worker starts anyway and waits for it (``gateway/redis_io/
 preflight.py``); a pass that loses it is one log line, and the next pass comes
 after a capped, jittered backoff. The loop keeps a heartbeat (``health.py``)
 that ``/healthz`` on ``--metrics-port`` reports.
@@ -64,14 +64,14 @@ from gateway.archive.schema import Row, to_table
 from gateway.archive.segments import GARBAGE, PENDING, Segment, file_name, utc_date
 from gateway.concurrency import backoff
 from gateway.config import Settings
+from gateway.features.hints import HintKeys, add_hints
 from gateway.protocol import offsets
 from gateway.protocol.headers import JSON_CONTENT_TYPE, normalize_content_type
-from gateway.storage import keys
-from gateway.storage.client import Client, general, scan_pages
-from gateway.storage.hints import HintKeys, add_hints
-from gateway.storage.outcomes import UNAVAILABLE
-from gateway.storage.preflight import Preflight, reason
-from gateway.storage.scripts import Scripts, connect_scripts, replica_ack
+from gateway.redis_io import keys
+from gateway.redis_io.connections import Client, general, scan_pages
+from gateway.redis_io.outcomes import UNAVAILABLE
+from gateway.redis_io.preflight import Preflight, reason
+from gateway.redis_io.scripts import Scripts, connect_scripts, replica_ack
 from gateway.telemetry import metrics
 from gateway.telemetry.logs import RateLimited
 
@@ -221,7 +221,7 @@ class Archiver:
     # -- the loop -----------------------------------------------------------
 
     async def announce(self) -> None:
-        """Tell gateways a worker is alive, so they send hints (gateway/storage/hints.py). Done
+        """Tell gateways a worker is alive, so they send hints (gateway/features/hints.py). Done
         before a worker's first pass, which reconciles: that finds whatever was
         written while no worker (so no hint) was around."""
         await self.redis.set(keys.ARCHIVE_WORKER_ALIVE, self.name, px=ALIVE_MS)

@@ -114,8 +114,8 @@ def register_webhook_keys(commands: argparse._SubParsersAction[Any]) -> None:
 def webhook_keys(ns: argparse.Namespace) -> int:
     import json
 
-    from gateway.storage.scripts import connect_scripts
-    from gateway.storage.subscriptions import SigningKeys
+    from gateway.features.subscriptions import SigningKeys
+    from gateway.redis_io.scripts import connect_scripts
 
     settings = config.from_namespace(ns)
     redis_url = redis_url_or_running(settings.redis_url, settings.data_dir)

@@ -57,6 +57,7 @@ from gateway.archive.cold import ColdReader
 from gateway.archive.files import Archive
 from gateway.concurrency import backoff
 from gateway.config import Settings
+from gateway.features.subscriptions import ALIVE_REFRESH_SECONDS, TOKEN_TTL_MS, flat_pairs, wake_streams
 from gateway.protocol import offsets, ssrf
 from gateway.protocol.entries import pack_bytes, pack_messages
 from gateway.protocol.errors import ProtocolError
@@ -70,13 +71,12 @@ from gateway.protocol.subscriptions import (
     retry_delay_ms,
 )
 from gateway.protocol.webhooks import SigningKey, signature_header
-from gateway.storage import keys
-from gateway.storage.client import scan_pages
-from gateway.storage.outcomes import UNAVAILABLE
-from gateway.storage.preflight import Preflight
-from gateway.storage.scripts import Scripts, connect_scripts, replica_ack
-from gateway.storage.store import Store
-from gateway.storage.subscriptions import ALIVE_REFRESH_SECONDS, TOKEN_TTL_MS, flat_pairs, wake_streams
+from gateway.redis_io import keys
+from gateway.redis_io.connections import scan_pages
+from gateway.redis_io.outcomes import UNAVAILABLE
+from gateway.redis_io.preflight import Preflight
+from gateway.redis_io.scripts import Scripts, connect_scripts, replica_ack
+from gateway.streams.store import Store
 from gateway.telemetry import metrics
 from gateway.telemetry.logs import RateLimited
 

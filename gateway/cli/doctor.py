@@ -4,7 +4,7 @@ One line per check, ``ok``, ``warn`` or ``fail`` and what to fix: the Redis vers
 persistence, eviction, round-trip latency, cluster mode against --redis-cluster, the
 key layout version, and the archive location. Exit code 0 when nothing fails, else 1.
 
-The judgements are the gateway's own (gateway/storage: durability, layout), called
+The judgements are the gateway's own (gateway/redis_io: durability, layout), called
 here rather than restated, so doctor and a starting gateway never disagree. It only
 reads: unlike a starting gateway it never stamps the key layout version.
 """
@@ -26,9 +26,9 @@ import fsspec
 from redis.exceptions import ResponseError
 
 from .. import config
-from ..storage import client as redis_client
-from ..storage import durability, keys, layout
-from ..storage.preflight import reason
+from ..redis_io import connections as redis_client
+from ..redis_io import durability, keys, layout
+from ..redis_io.preflight import reason
 from .embedded import redis_url_or_running
 
 SETTINGS = ("redis_url", "redis_cluster", "data_dir", "redis_timeout", "archive_url")

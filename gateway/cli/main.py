@@ -160,7 +160,7 @@ def _run_gunicorn(settings: config.Settings, redis_url: str, embedded: bool = Fa
     if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         own_dir = os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="durable-streams-metrics-")
     from ..http.app import create_app  # after the variable: prometheus-client reads it at import
-    from ..storage import preflight
+    from ..redis_io import preflight
 
     create_app(settings, redis_url)  # a bad setting stops the start here, not in every worker
     # Redis' checks once, here: a refusal (durability, key layout) stops the start with one

@@ -2,7 +2,7 @@
 
 Gateways and workers refuse to start on a layout older than theirs (and on a
 newer one); this runs the steps between, one at a time under a lock
-(gateway/storage/layout.py) and reports each, then that the layout is current (it
+(gateway/redis_io/layout.py) and reports each, then that the layout is current (it
 stamps a Redis that has no version yet).
 """
 
@@ -15,9 +15,9 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import config
-from ..storage import layout
-from ..storage.client import general
-from ..storage.preflight import reason
+from ..redis_io import layout
+from ..redis_io.connections import general
+from ..redis_io.preflight import reason
 from ..telemetry import logs
 from .embedded import redis_url_or_running
 

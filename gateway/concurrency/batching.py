@@ -4,7 +4,7 @@ The first item for a key goes at once. Items for the same key that arrive
 while it runs wait for it, then go together in the next call, and so on: an
 idle key pays no delay, and a busy one pays one round trip (and one fsync) per
 batch instead of per item. Storage keys appends by lane (a few per process; a
-stream always in the same one: storage/appends.py), so one batch may hold
+stream always in the same one: streams/appends.py), so one batch may hold
 appends to several streams, in arrival order; append.lua checks and applies
 each exactly as if it came alone, so a batch changes nothing a client can see
 but the time.

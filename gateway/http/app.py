@@ -18,17 +18,17 @@ from redis.asyncio import RedisCluster
 from ..archive.cold import ColdReader
 from ..archive.files import Archive
 from ..config import Settings, conflict, from_env
+from ..features.backpressure import WritePause
+from ..features.ratelimit import RateLimiter
+from ..live.fanout import Fanout
 from ..protocol import browser, caching
 from ..protocol.errors import ProtocolError
 from ..protocol.ssrf import parse_allow_list
-from ..storage import client as redis_client
-from ..storage.backpressure import WritePause
-from ..storage.fanout import Fanout
-from ..storage.outcomes import UNAVAILABLE
-from ..storage.preflight import Preflight
-from ..storage.ratelimit import RateLimiter
-from ..storage.scripts import connect_scripts, replica_ack
-from ..storage.store import Store
+from ..redis_io import connections as redis_client
+from ..redis_io.outcomes import UNAVAILABLE
+from ..redis_io.preflight import Preflight
+from ..redis_io.scripts import connect_scripts, replica_ack
+from ..streams.store import Store
 from ..telemetry import metrics
 from ..telemetry.logs import QUIET_MALFORMED, RateLimited
 from . import buckets, console, handlers, listing, stats, subscriptions
@@ -42,7 +42,7 @@ limited = RateLimited(log)
 CLEANUP_STEP_SECONDS = 5.0  # each shutdown step; none may hold a shutdown past its grace period
 HINTS_TASK = web.AppKey("hints_task", asyncio.Task)
 SWEEP_TASK = web.AppKey("sweep_task", asyncio.Task)
-PAUSE_TASK = web.AppKey("pause_task", asyncio.Task)  # write backpressure's polls (storage/backpressure.py)
+PAUSE_TASK = web.AppKey("pause_task", asyncio.Task)  # write backpressure's polls (features/backpressure.py)
 PREFLIGHT_TASK = web.AppKey("preflight_task", asyncio.Task)
 EMBEDDED_REDIS = web.AppKey("embedded_redis", str)  # the URL of the Redis this server runs itself
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -292,7 +292,7 @@ def create_app(
     ``drain_on_sigterm``: the app is this process' server (not one of a test's), and takes
     over SIGTERM for a graceful shutdown behind a load balancer (``_drain_on_sigterm``).
 
-    On startup, the Redis checks (storage/preflight.py) run once: a refusal stops the
+    On startup, the Redis checks (redis_io/preflight.py) run once: a refusal stops the
     start; an unreachable Redis does not: the app serves (/healthz 200, /readyz and
     stream requests 503) while a task tries again, and ``on_refusal`` is called if a
     check then refuses."""

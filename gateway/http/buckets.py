@@ -19,6 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
+from ..features.buckets import Buckets
 from ..protocol.buckets import (
     DEFAULT_BUCKET,
     LISTING,
@@ -31,7 +32,6 @@ from ..protocol.buckets import (
 )
 from ..protocol.errors import coded
 from ..protocol.listing import Position, encode_cursor, parse_query
-from ..storage.buckets import Buckets
 from . import snapshots
 from .context import gateway_of
 from .guard import Guard

@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from ..config import Settings
+from ..live.fanout import Fanout
 from ..protocol.ssrf import TargetPolicy
-from ..storage.fanout import Fanout
-from ..storage.preflight import Preflight
-from ..storage.store import Store
+from ..redis_io.preflight import Preflight
+from ..streams.store import Store
 from .bodies import BodyBudget
 from .guard import Guard
 

@@ -5,7 +5,7 @@ read the principal with ``principal_of``.
 
 With access control off and no rate limits, a stream request costs one header
 lookup here (the origin check of writes) and, unless writes are paused, one
-attribute lookup (storage/backpressure.py).
+attribute lookup (features/backpressure.py).
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from ..config import Settings
+from ..features.backpressure import WritePause
+from ..features.ratelimit import RateLimiter
 from ..protocol import access, browser, quotas
 from ..protocol.access import OPEN, Principal, Scope
 from ..protocol.errors import ProtocolError
 from ..protocol.headers import STREAM_CLOSED, is_true
 from ..protocol.responses import EXPOSED
-from ..storage.backpressure import WritePause
-from ..storage.ratelimit import RateLimiter
 from .auth import Authenticator, client_address
 
 PRINCIPAL = web.RequestKey("principal", Principal)

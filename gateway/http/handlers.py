@@ -1,4 +1,4 @@
-"""HTTP handlers: validate the request (protocol/), call the Store (storage/), shape the response."""
+"""HTTP handlers: validate the request (protocol/), call the Store (streams/), shape the response."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from ..protocol.headers import (
 )
 from ..protocol.jsonmode import body_entries
 from ..protocol.models import CreateSpec
-from ..storage import keys
+from ..redis_io import keys
 from ..telemetry import metrics
 from . import live
 from .bodies import read_body

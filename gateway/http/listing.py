@@ -1,5 +1,5 @@
 """``GET {prefix}/__ds/streams``: the streams that exist, by path prefix, a page at a
-time (protocol/listing.py: query and cursor; storage/listing.py: the index); and
+time (protocol/listing.py: query and cursor; features/listing.py: the index); and
 ``GET {prefix}/__ds/streams/{path}``: one of them, with its producers' state (shown to
 credentials that may write the stream).
 
@@ -21,12 +21,12 @@ from typing import Any
 
 from aiohttp import web
 
+from ..features.listing import MAX_PRODUCERS, Listed, Listing, Page
 from ..protocol import offsets
 from ..protocol.access import Principal
 from ..protocol.errors import ProtocolError
 from ..protocol.listing import Position, check_listable, encode_cursor, parse_query, readable_prefixes
-from ..storage import keys
-from ..storage.listing import MAX_PRODUCERS, Listed, Listing, Page
+from ..redis_io import keys
 from .context import gateway_of
 from .guard import principal_of
 from .handlers import options_stream, stream_name

@@ -10,6 +10,7 @@ from dataclasses import replace
 
 from aiohttp import HttpVersion11, web
 
+from ..live.channels import Watch
 from ..protocol import caching, offsets, responses
 from ..protocol.errors import ProtocolError
 from ..protocol.headers import STREAM_SSE_DATA_ENCODING, is_text
@@ -17,8 +18,7 @@ from ..protocol.jsonmode import json_body
 from ..protocol.models import Chunk
 from ..protocol.notices import Delivery
 from ..protocol.sse import comment, control_event, cut_character, events
-from ..storage.channels import Watch
-from ..storage.outcomes import UNAVAILABLE
+from ..redis_io.outcomes import UNAVAILABLE
 from .context import Gateway
 
 _RETRY_SECONDS = 0.25

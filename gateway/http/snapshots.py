@@ -1,6 +1,6 @@
 """Ursula's snapshots and bootstrap on ``/{bucket}/{stream}`` (seed 002: "Snapshots",
 "Bootstrap", "Publish snapshot", "Read snapshot"): parse, one storage call
-(storage/snapshots.py; the stream's reads for bootstrap), shape the documented answer.
+(features/snapshots.py; the stream's reads for bootstrap), shape the documented answer.
 
 Offsets in the URL are this server's offset tokens (as every response gives them);
 Ursula's 20-digit decimal form is accepted too. Access: publishing needs ``write`` on
@@ -13,6 +13,7 @@ import uuid
 
 from aiohttp import web
 
+from ..features.snapshots import Snapshot, Snapshots, State
 from ..protocol import offsets
 from ..protocol.access import Scope
 from ..protocol.buckets import bucket_stream
@@ -20,8 +21,7 @@ from ..protocol.errors import ProtocolError, bad_request
 from ..protocol.headers import DEFAULT_CONTENT_TYPE, validate_content_type
 from ..protocol.headers import STREAM_SNAPSHOT_OFFSET as SNAPSHOT_OFFSET
 from ..protocol.jsonmode import with_offset
-from ..storage import keys
-from ..storage.snapshots import Snapshot, Snapshots, State
+from ..redis_io import keys
 from .bodies import read_body
 from .context import gateway_of
 

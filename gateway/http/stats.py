@@ -1,5 +1,5 @@
 """The live statistics of the web console's overview, as JSON, read from Redis
-(storage/stats.py), so every gateway answers the same:
+(features/stats.py), so every gateway answers the same:
 
 - ``GET {prefix}/__ds/stats[?minutes=15]``: appends/s, bytes/s, live readers (SSE,
   long-poll), archive lag and subscription backlog, per 10 s over the last minutes (1 to
@@ -27,10 +27,10 @@ from typing import Any
 from aiohttp import web
 
 from ..config import Settings
+from ..features.stats import DEFAULT_MINUTES, MAX_MINUTES, Reader, Recorder
 from ..protocol.errors import ProtocolError
 from ..protocol.listing import check_listable, readable_prefixes
-from ..storage import keys
-from ..storage.stats import DEFAULT_MINUTES, MAX_MINUTES, Reader, Recorder
+from ..redis_io import keys
 from . import console
 from .context import GATEWAY, gateway_of
 from .handlers import options_stream, stream_name
@@ -107,9 +107,7 @@ def install(app: web.Application, settings: Settings) -> None:
 
     async def start(app: web.Application) -> None:
         gw = app[GATEWAY]
-        recorder = Recorder(
-            gw.store.scripts, gw.fanout.readers, gw.store.hints.hint_keys.all
-        )
+        recorder = Recorder(gw.store.scripts, gw.fanout.readers, gw.store.hints.hint_keys.all)
         app[RECORDER] = recorder
         app[RECORDER_TASK] = asyncio.create_task(recorder.run(lambda: gw.preflight.ready), name="stats")
 

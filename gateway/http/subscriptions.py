@@ -1,6 +1,6 @@
 """HTTP handlers of the reserved subscription APIs (protocol sections 6 and 7) under
 ``{prefix}/__ds/``: parse (protocol/subscriptions.py), one storage call
-(storage/subscriptions.py), shape the documented JSON.
+(features/subscriptions.py), shape the documented JSON.
 
 Access control: managing a subscription (create, delete, membership) needs ``write``
 on ``__ds/subscriptions/<id>``, reading it ``read``, claiming a pull-wake ``write``;
@@ -21,6 +21,7 @@ from typing import Any
 
 from aiohttp import web
 
+from ..features.subscriptions import TOKEN_TTL_MS, Link, Subscriptions, not_found
 from ..protocol import access, ssrf
 from ..protocol.errors import coded
 from ..protocol.subscriptions import (
@@ -36,7 +37,6 @@ from ..protocol.subscriptions import (
     validate_id,
 )
 from ..protocol.webhooks import jwks as jwk_set
-from ..storage.subscriptions import TOKEN_TTL_MS, Link, Subscriptions, not_found
 from .bodies import read_body
 from .context import gateway_of
 from .guard import principal_of

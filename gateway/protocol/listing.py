@@ -1,5 +1,5 @@
 """Listing streams (``GET {prefix}/__ds/streams``): the query, the cursor, and which
-part of the stream index a page reads. Plain functions, no I/O: storage/listing.py
+part of the stream index a page reads. Plain functions, no I/O: features/listing.py
 reads the index, http/listing.py shapes the answer.
 
 The index is split in parts (one on one Redis; one per hash slot on Redis Cluster,
@@ -9,7 +9,7 @@ A page walks the parts in order, each from where the last page stopped: a
 lists part by part (each part in path order), which costs a page about as many
 index reads as parts it crosses, not a merge of all 16,384 parts per page.
 
-Which index keys and ranges a page reads is storage/listing.py's (the index holds
+Which index keys and ranges a page reads is features/listing.py's (the index holds
 stream ids, whose byte order differs from the paths' where they percent-encode).
 
 The cursor handed to clients (``next_cursor``, given back as ``after``) is opaque:

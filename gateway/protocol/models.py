@@ -55,7 +55,7 @@ class Meta:
     arch: int  # where the Redis log starts: below it, data is in archived files
     floor: int  # where retained data starts (retention drops what is below)
     uid: str | None = None  # this incarnation's id, given when it is first forked (fork_ref.lua)
-    snapshot: int | None = None  # where its latest application snapshot is (storage/snapshots.py)
+    snapshot: int | None = None  # where its latest application snapshot is (features/snapshots.py)
 
     @classmethod
     def parse(cls, sid: str, flat: list[Any]) -> Meta:

@@ -1,7 +1,7 @@
 """Rate limits (``--rate-limits``): the rules and which one a request falls under.
 
 Plain functions, no I/O: the buckets themselves are token buckets in Redis,
-shared by every gateway (``storage/ratelimit.py``, ``lua/rate_limit.lua``).
+shared by every gateway (``features/ratelimit.py``, ``lua/rate_limit.lua``).
 
 The spec is rules separated by whitespace, commas or semicolons::
 

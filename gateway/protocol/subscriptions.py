@@ -1,7 +1,7 @@
 """Subscription rules: paths, glob patterns, configuration, ack bodies, tokens, retry delays.
 
-Everything here is pure (no Redis, no HTTP): the storage layer keeps the state and the HTTP
-layer calls these to validate what clients send (PROTOCOL sections 6 and 7). Every refusal
+Everything here is pure (no Redis, no HTTP): features/subscriptions.py keeps the state in
+Redis and the HTTP layer calls these to validate what clients send (PROTOCOL sections 6 and 7). Every refusal
 is a ``coded`` ProtocolError, so the subscription APIs answer with their JSON error body.
 """
 

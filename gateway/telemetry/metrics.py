@@ -90,7 +90,7 @@ ARCHIVE_LAG = Gauge(
     multiprocess_mode="mostrecent",
 )
 
-# Write backpressure (gateway/storage/backpressure.py). Each gateway process polls Redis on
+# Write backpressure (gateway/features/backpressure.py). Each gateway process polls Redis on
 # its own: a pod is paused if any of its processes is (livemax); the Redis figures are the
 # same on every gateway, so aggregate them with max(), not sum().
 WRITE_BACKPRESSURE = Gauge(

@@ -549,11 +549,11 @@ class Battery:
 
 
 def lane_streams(count: int) -> list[str]:
-    """Stream names covering every append lane (see gateway/storage/appends.py), so a bad append
+    """Stream names covering every append lane (see gateway/streams/appends.py), so a bad append
     always shares its lane, and so its batches, with legitimate ones."""
     try:
-        from gateway.storage import keys
-        from gateway.storage.limits import APPEND_LANES
+        from gateway.redis_io import keys
+        from gateway.redis_io.limits import APPEND_LANES
     except ImportError:  # names only: any layout still gets `count` streams
         return [f"legit-{i}" for i in range(count)]
     names: list[str] = []

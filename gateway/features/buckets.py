@@ -17,7 +17,7 @@ import time
 from ..protocol.buckets import DEFAULT_BUCKET, in_bucket, path_prefix
 from ..protocol.listing import Position
 from ..protocol.models import text
-from . import keys
+from ..redis_io import keys
 from .listing import Listing, encoded, lex_range
 
 

@@ -21,24 +21,24 @@ from __future__ import annotations
 import json
 
 from ..archive.cold import ColdReader
+from ..features.buckets import Buckets
+from ..features.hints import Hints
+from ..features.listing import IndexSweep, Listing
+from ..features.snapshots import Snapshots
+from ..features.subscriptions import Subscriptions
 from ..protocol.conditions import precondition_failed
 from ..protocol.entries import flatten, pack_messages
 from ..protocol.errors import ProtocolError
 from ..protocol.headers import DEFAULT_CONTENT_TYPE, Expiry, normalize_content_type
 from ..protocol.models import CreateSpec, Meta, text
 from ..protocol.responses import current_state
-from . import keys
+from ..redis_io import keys
+from ..redis_io.outcomes import not_found
+from ..redis_io.scripts import Scripts
 from .appends import Appends
-from .buckets import Buckets
 from .forks import ForkPlan, Forks
-from .hints import Hints
-from .listing import IndexSweep, Listing
-from .outcomes import not_found
 from .reads import Reads
 from .registry import JSON, Registry, created_event, deleted_event
-from .scripts import Scripts
-from .snapshots import Snapshots
-from .subscriptions import Subscriptions
 
 
 class Store:

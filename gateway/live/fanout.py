@@ -36,9 +36,9 @@ from redis.asyncio import Redis, RedisCluster
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from ..redis_io import keys
 from ..telemetry import metrics
-from . import keys
-from .channels import Channel, Watch
+from .channels import Channel, Shutdown, Watch
 from .listener import Listener
 from .shards import Shards
 
@@ -75,7 +75,11 @@ class Fanout:
             # The listener shares our dict: with one connection, every channel is its own.
             self._subscriber = Listener(self._channels, self._connection, health_seconds)
         self._task: asyncio.Task[None] | None = None
-        self.stopping = False
+        self._shutdown = Shutdown()
+
+    @property
+    def stopping(self) -> bool:
+        return self._shutdown.started
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._subscriber.run(), name="fanout")
@@ -83,7 +87,7 @@ class Fanout:
     def stop_waiters(self) -> None:
         """Graceful shutdown: every live reader wakes and finishes its response (one still
         waiting for its subscription's confirmation included)."""
-        self.stopping = True
+        self._shutdown.started = True
         for channel in self._channels.values():
             if not channel.confirmed.done():
                 channel.confirmed.set_result(None)
@@ -134,7 +138,7 @@ class Fanout:
             with contextlib.suppress(asyncio.TimeoutError):
                 # Without Redis we cannot be woken; the reader's own timeout still ends its wait.
                 await asyncio.wait_for(asyncio.shield(channel.confirmed), _CONFIRM_WAIT_SECONDS)
-            yield Watch(self, channel, event)
+            yield Watch(self._shutdown, channel, event)
         finally:
             channel.waiters.discard(event)
             if not channel.waiters:

@@ -27,8 +27,8 @@ from collections.abc import Mapping
 
 from redis.asyncio import RedisCluster
 
-from . import keys
-from .client import Client
+from ..redis_io import keys
+from ..redis_io.connections import Client
 
 log = logging.getLogger(__name__)
 

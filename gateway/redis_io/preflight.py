@@ -25,7 +25,7 @@ from redis.exceptions import RedisError
 
 from ..concurrency import backoff
 from . import durability, layout
-from .client import Client, general
+from .connections import Client, general
 
 log = logging.getLogger(__name__)
 REFUSALS = (durability.Refused, layout.Mismatch)

@@ -23,8 +23,8 @@ from redis.backoff import NoBackoff
 from redis.crc import key_slot
 from redis.exceptions import AskError, ResponseError
 
+from ..redis_io.connections import version
 from .channels import Channel
-from .client import version
 from .listener import CLASSIC, SHARDED, SUBSCRIBE_BATCH, Command, Dialect, Listener
 
 if TYPE_CHECKING:

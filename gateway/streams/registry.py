@@ -18,8 +18,8 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from ..protocol.errors import ProtocolError
+from ..redis_io import keys
 from ..telemetry.logs import RateLimited
-from . import keys
 
 log = logging.getLogger(__name__)
 limited = RateLimited(log)

@@ -41,11 +41,11 @@ from ..protocol import offsets
 from ..protocol.errors import ProtocolError, bad_request
 from ..protocol.headers import Expiry, normalize_content_type, parse_expires_at
 from ..protocol.models import LEGACY_INCARNATION, CreateSpec, InheritedRange, Meta, text
-from . import keys
-from .limits import MAX_FORK_DEPTH, MAX_FORK_SUB_MESSAGES, MAX_SCRIPT_ENTRIES
-from .outcomes import dropped
+from ..redis_io import keys
+from ..redis_io.limits import MAX_FORK_DEPTH, MAX_FORK_SUB_MESSAGES, MAX_SCRIPT_ENTRIES
+from ..redis_io.outcomes import dropped
+from ..redis_io.scripts import Scripts
 from .reads import Reads
-from .scripts import Scripts
 
 # Never a stream's uid (those are hex): the incarnation of an ancestor found gone.
 _NO_INCARNATION = "-"

@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from ..archive.files import Archive
 from ..protocol.errors import ProtocolError
 from ..protocol.models import text
+from ..redis_io import keys
+from ..redis_io.outcomes import not_found
+from ..redis_io.scripts import Scripts
 from ..telemetry.logs import RateLimited
-from . import keys
-from .outcomes import not_found
-from .scripts import Scripts
 
 log = logging.getLogger(__name__)
 limited = RateLimited(log)

@@ -20,18 +20,18 @@ from typing import Any
 import redis.exceptions
 
 from ..concurrency.batching import Batcher
+from ..features.hints import Hints
 from ..protocol.conditions import IfMatch
 from ..protocol.entries import LogEntry, flatten, positions, stored_bytes
 from ..protocol.errors import ProtocolError, bad_request
 from ..protocol.headers import Producer
 from ..protocol.models import AppendResult, text
+from ..redis_io import keys
+from ..redis_io.connections import NotSent
+from ..redis_io.limits import APPEND_LANES, BUSY_WAIT_SECONDS, MAX_BATCH_ENTRIES, STEP_BYTES
+from ..redis_io.outcomes import UNAVAILABLE, append_error, outcome_unknown
+from ..redis_io.scripts import Scripts
 from ..telemetry import metrics
-from . import keys
-from .client import NotSent
-from .hints import Hints
-from .limits import APPEND_LANES, BUSY_WAIT_SECONDS, MAX_BATCH_ENTRIES, STEP_BYTES
-from .outcomes import UNAVAILABLE, append_error, outcome_unknown
-from .scripts import Scripts
 
 
 @dataclass(frozen=True)
@@ -149,9 +149,7 @@ class Appends:
         fails before the last leaves nothing committed (its leftovers are dropped, now or
         by the next append once PEND_MS passed): 503, nothing stored."""
         parts = _steps(request.entries, STEP_BYTES)
-        first = replace(
-            request, entries=parts[0], token=uuid.uuid4().hex, total=positions(request.entries)
-        )
+        first = replace(request, entries=parts[0], token=uuid.uuid4().hex, total=positions(request.entries))
         args = encoded(first.script_args())
         call = self._call([(sid, first, args)], [0])
         result = await _waiting_out_busy(lambda: self._run_alone(call))

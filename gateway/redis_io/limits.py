@@ -14,7 +14,7 @@ MAX_FORK_SUB_MESSAGES = 65536
 MAX_FORK_DEPTH = 64
 # A larger append goes alone, in steps (scripts) of at most this many stored bytes: Redis
 # takes ~2.5 ms per MiB appended in a script (its AOF and the copies), and a script runs
-# alone on Redis, so each stays within ~5 ms however large the body (storage/appends.py).
+# alone on Redis, so each stays within ~5 ms however large the body (streams/appends.py).
 STEP_BYTES = 1024 * 1024
 # How long an append waits behind a large append to its stream before it gets 503.
 BUSY_WAIT_SECONDS = 10.0

@@ -90,7 +90,7 @@ ARCHIVE_HINT_SHARDS = 16
 ARCHIVE_WORKER_ALIVE = f"{PREFIX}:archive:alive"
 # Who scans for lost hints and dead archives, when (a SET NX per worker per interval).
 ARCHIVE_RECONCILE = f"{PREFIX}:archive:reconcile"
-# The key layout's version, an integer (storage/layout.py): set once, by the first process
+# The key layout's version, an integer (redis_io/layout.py): set once, by the first process
 # to start on a Redis without it, and raised only by `durable-streams migrate`.
 LAYOUT = f"{PREFIX}:layout"
 # Held (with an expiry) while `migrate` runs its steps. Its hash tag is LAYOUT's whole
@@ -154,7 +154,7 @@ def channel_stream_id(channel: str) -> str:
     return key_stream_id(channel)
 
 
-# -- subscriptions (storage/subscriptions.py, workers/delivery.py) -------------------
+# -- subscriptions (features/subscriptions.py, workers/delivery.py) -------------------
 
 
 def stream_subs(sid: str) -> str:
@@ -177,7 +177,7 @@ SUBS_WAKE_CHANNEL = f"{PREFIX}:subs:wake"
 SUBS_INDEX = f"{{{PREFIX}:subs:index}}"
 SUBS_INDEX_VERSION = f"{{{PREFIX}:subs:index}}:v"
 # Set by every running delivery worker (with an expiry it keeps renewing): gateways record
-# new streams in the outboxes only while it exists (storage/subscriptions.py WorkersAlive).
+# new streams in the outboxes only while it exists (features/subscriptions.py WorkersAlive).
 SUBS_WORKER_ALIVE = f"{PREFIX}:subs:alive"
 # Webhook signing keys (hash: kid -> JSON with the PKCS#8 PEM and its times), shared by
 # every gateway (JWKS) and worker (signing); and the secret callback tokens are signed with.
@@ -228,7 +228,7 @@ def outbox_keys(cluster: bool, slots: list[int] | None = None) -> list[str]:
     return [_of_slot(SUBS_OUTBOX, s) for s in (range(REDIS_CLUSTER_HASH_SLOTS) if slots is None else slots)]
 
 
-# -- the stream index (storage/listing.py) ------------------------------------------
+# -- the stream index (features/listing.py) ------------------------------------------
 
 
 # Every live stream (sorted set, score 0, member: stream id, so ZRANGE BYLEX reads
@@ -237,10 +237,10 @@ def outbox_keys(cluster: bool, slots: list[int] | None = None) -> list[str]:
 STREAM_INDEX = f"{PREFIX}:index"
 
 
-# Buckets made with PUT /{bucket} (hash: name -> created, ms): storage/buckets.py.
+# Buckets made with PUT /{bucket} (hash: name -> created, ms): features/buckets.py.
 BUCKETS = f"{PREFIX}:buckets"
 # Taken (SET NX, expiring) by the gateway that sweeps the index this interval, and where
-# the last sweep stopped (a listing cursor): storage/listing.py IndexSweep.
+# the last sweep stopped (a listing cursor): features/listing.py IndexSweep.
 INDEX_SWEEP = f"{PREFIX}:index-sweep"
 INDEX_SWEEP_AT = f"{PREFIX}:index-sweep:at"
 

@@ -38,12 +38,12 @@ from redis.asyncio import RedisCluster
 
 from ..config import memory_mark
 from ..protocol.errors import ProtocolError
+from ..redis_io import keys
+from ..redis_io.connections import Client, every_node
+from ..redis_io.outcomes import UNAVAILABLE
 from ..telemetry import metrics
 from ..telemetry.logs import RateLimited
-from . import keys
-from .client import Client, every_node
 from .hints import HintKeys
-from .outcomes import UNAVAILABLE
 
 log = logging.getLogger(__name__)
 limited = RateLimited(log, every=60.0)  # a poll failing every 0.5 s: one line a minute

@@ -24,11 +24,11 @@ from ..concurrency.singleflight import SingleFlight
 from ..protocol import offsets
 from ..protocol.errors import ProtocolError, bad_request
 from ..protocol.models import LEGACY_INCARNATION, Chunk, Entry, InheritedRange, Meta, text
-from . import keys
-from .limits import MAX_READ_ENTRIES, MAX_SCRIPT_ENTRIES
-from .outcomes import dropped, inherited_gone, not_found
-from .routing import ClusterRoute, DirectRoute, Route
-from .scripts import Scripts, timed
+from ..redis_io import keys
+from ..redis_io.limits import MAX_READ_ENTRIES, MAX_SCRIPT_ENTRIES
+from ..redis_io.outcomes import dropped, inherited_gone, not_found
+from ..redis_io.routing import ClusterRoute, DirectRoute, Route
+from ..redis_io.scripts import Scripts, timed
 
 _UNLIMITED = 2**50
 

@@ -27,8 +27,8 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..protocol.models import text
 from ..telemetry import metrics
-from . import client, keys
-from .client import NotSent, connect, every_node
+from . import connections, keys
+from .connections import NotSent, connect, every_node
 from .lua import source
 from .routing import ClusterRoute, DirectRoute, Queue, Route, did_not_run
 
@@ -42,13 +42,13 @@ NAMES = (
     "delete",
     "fork_ref",
     "release_fork",
-    # the stream index (storage/listing.py): the listing's look at a stream it found
+    # the stream index (features/listing.py): the listing's look at a stream it found
     # there, and migrate's step that lists streams made before the index (layout.py)
     "stream_info",
     "index_add",
     # migrate's step to layout v3 (layout.py): offsets kept by subscriptions, rewritten
     "hash_swap",
-    # Ursula's snapshots (storage/snapshots.py): the stream's record of its latest one
+    # Ursula's snapshots (features/snapshots.py): the stream's record of its latest one
     "snapshot_set",
     # the archive worker's (KEYS: the stream's five, its lease and (not archive_lease)
     # its incarnation's segment set; fenced by the lease)
@@ -59,9 +59,9 @@ NAMES = (
     "archive_forget",
     "archive_check",
     "archive_retain",
-    # KEYS: token buckets (keys.rate_bucket), no stream's; see storage/ratelimit.py
+    # KEYS: token buckets (keys.rate_bucket), no stream's; see features/ratelimit.py
     "rate_limit",
-    # subscriptions (storage/subscriptions.py): a stream's side (its links, its slot's outbox)
+    # subscriptions (features/subscriptions.py): a stream's side (its links, its slot's outbox)
     "stream_subs",
     "stream_link",
     "outbox_take",
@@ -154,7 +154,7 @@ def replica_ack(replicas: int, timeout_seconds: float) -> ReplicaAck | None:
 
 def supports_waitaof(version: str) -> bool:
     """WAITAOF came with Redis 7.2."""
-    return client.version(version) >= (7, 2)
+    return connections.version(version) >= (7, 2)
 
 
 Item = TypeVar("Item")
@@ -173,7 +173,7 @@ class Scripts:
     ) -> None:
         self._redis = redis
         # Told of every script call Redis answered: the fan-out's listener reconnects at once
-        # when Redis is back rather than at the end of its pause (storage/listener.py).
+        # when Redis is back rather than at the end of its pause (live/listener.py).
         self._answered = answered
         self.cluster = isinstance(redis, RedisCluster)
         if self.cluster and route is None:

@@ -30,9 +30,9 @@ from redis.crc import REDIS_CLUSTER_HASH_SLOTS
 from ..protocol.errors import ProtocolError
 from ..protocol.listing import Position, decode_cursor, encode_cursor
 from ..protocol.models import Meta, text
+from ..redis_io import keys
+from ..redis_io.scripts import Scripts
 from ..telemetry.logs import RateLimited
-from . import keys
-from .scripts import Scripts
 
 log = logging.getLogger(__name__)
 limited = RateLimited(log)

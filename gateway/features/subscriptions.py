@@ -36,8 +36,8 @@ from ..protocol.subscriptions import (
     new_wake_id,
 )
 from ..protocol.webhooks import SigningKey
-from . import keys
-from .scripts import Scripts
+from ..redis_io import keys
+from ..redis_io.scripts import Scripts
 
 log = logging.getLogger(__name__)
 ALIVE_REFRESH_SECONDS = 1.0  # how stale a gateway's "a delivery worker runs" may be

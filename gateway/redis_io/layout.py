@@ -38,7 +38,7 @@ from redis.exceptions import WatchError
 from ..protocol import offsets
 from ..telemetry.logs import OneLineError
 from . import keys
-from .client import Client, every_node, scan_pages
+from .connections import Client, every_node, scan_pages
 from .lua import source
 
 CURRENT = 3  # the newest layout this build reads and writes

@@ -1,9 +1,10 @@
 """One pub/sub channel's waiting readers, and what a batch of notices does for them.
 
 Readers register through ``Fanout.watch`` (``fanout.py``) and wait on a
-``Watch``. A channel is *confirmed* while Redis holds its subscription (on one
-connection of the process: ``listener.py``); a reader that registers before
-the confirmation, or while the channel moves, re-reads when it comes.
+``Watch``, which sees the fan-out only through the ``Shutdown`` flag they share.
+A channel is *confirmed* while Redis holds its subscription (on one connection
+of the process: ``listener.py``); a reader that registers before the
+confirmation, or while the channel moves, re-reads when it comes.
 
 A reader that is caught up can *park* a Sink while it waits: for a notice
 that carries its data and starts at the sink's position, the listener writes
@@ -19,12 +20,16 @@ import asyncio
 import time
 from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from ..protocol import notices
 
-if TYPE_CHECKING:
-    from .fanout import Fanout
+
+@dataclass
+class Shutdown:
+    """Set once, when the process stops: every reader then finishes its response."""
+
+    started: bool = False
 
 
 class Sink(Protocol):
@@ -121,8 +126,8 @@ class Channel:
 class Watch:
     """A reader's registration: ``wait`` returns True when the stream moved."""
 
-    def __init__(self, fanout: Fanout, channel: Channel, event: asyncio.Event) -> None:
-        self._fanout = fanout
+    def __init__(self, shutdown: Shutdown, channel: Channel, event: asyncio.Event) -> None:
+        self._shutdown = shutdown
         self._channel = channel
         self._event = event
         self._confirmed_at = time.monotonic()
@@ -153,10 +158,10 @@ class Watch:
 
     @property
     def stopping(self) -> bool:
-        return self._fanout.stopping
+        return self._shutdown.started
 
     async def wait(self, timeout: float) -> bool:
-        if self._fanout.stopping:
+        if self._shutdown.started:
             return False
         if not self._event.is_set():
             try:
@@ -165,4 +170,4 @@ class Watch:
             except TimeoutError:
                 return False
         self._event.clear()
-        return not self._fanout.stopping
+        return not self._shutdown.started

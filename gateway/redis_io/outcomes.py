@@ -56,7 +56,7 @@ def outcome_unknown() -> ProtocolError:
 
 def dropped(floor: int | None = None) -> ProtocolError:
     """A read below what is retained (retention, or an application snapshot above it:
-    storage/snapshots.py). ``floor``, where retained data starts, is said in the body and
+    features/snapshots.py). ``floor``, where retained data starts, is said in the body and
     as ``Stream-Next-Offset``: where to read from instead (or bootstrap, with a snapshot)."""
     if floor is None:
         return ProtocolError(410, "the data at this offset was dropped by the retention policy")

@@ -51,13 +51,13 @@ from typing import Any
 from redis.asyncio.client import Pipeline
 
 from ..protocol.models import text
+from ..redis_io import keys
+from ..redis_io.connections import NotSent
+from ..redis_io.outcomes import UNAVAILABLE
+from ..redis_io.routing import Queue
+from ..redis_io.scripts import Scripts
 from ..telemetry import metrics
 from ..telemetry.logs import RateLimited
-from . import keys
-from .client import NotSent
-from .outcomes import UNAVAILABLE
-from .routing import Queue
-from .scripts import Scripts
 
 log = logging.getLogger(__name__)
 limited = RateLimited(log, every=60.0)

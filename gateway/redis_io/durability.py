@@ -9,7 +9,7 @@ from collections.abc import Callable
 from redis.exceptions import ResponseError
 
 from ..telemetry.logs import OneLineError
-from .client import Client, every_node
+from .connections import Client, every_node
 
 log = logging.getLogger(__name__)
 EVICTION_FIX = "CONFIG SET maxmemory-policy noeviction (and maxmemory-policy noeviction in redis.conf)"

@@ -22,9 +22,9 @@ import functools
 
 from ..concurrency.batching import Batcher
 from ..protocol.quotas import RateRule
-from . import keys
-from .limits import MAX_BATCH_ENTRIES
-from .scripts import Scripts
+from ..redis_io import keys
+from ..redis_io.limits import MAX_BATCH_ENTRIES
+from ..redis_io.scripts import Scripts
 
 _Take = tuple[str, float, float, int]  # bucket key, rate, burst, cost
 _Wait = float | BaseException  # seconds to wait, or why the take failed

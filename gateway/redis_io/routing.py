@@ -59,7 +59,7 @@ from redis.exceptions import (
 
 from ..telemetry import metrics
 from ..telemetry.logs import RateLimited
-from .client import NotSent, connect
+from .connections import NotSent, connect
 
 log = logging.getLogger(__name__)
 limited = RateLimited(log, every=30.0)
