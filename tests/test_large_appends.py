@@ -13,11 +13,11 @@ from collections.abc import AsyncIterator
 
 import orjson
 
-from gateway.http.app import GATEWAY
 from gateway.protocol import offsets
 from gateway.protocol.entries import flatten, pack_bytes
 from gateway.redis_io import keys
 from gateway.redis_io.limits import STEP_BYTES
+from gateway.redis_io.scripts import Scripts
 
 from .conftest import read_all, start_gateway
 
@@ -39,13 +39,13 @@ async def _stream(redis_url: str, http, headers: dict[str, str], data: bytes = b
         await server.close()
 
 
-async def _begin(store, sid: str, data: bytes, total: int, token: str = "t0") -> list:
+async def _begin(scripts: Scripts, sid: str, data: bytes, total: int, token: str = "t0") -> list:
     """The first step of a large append, as a writer that then goes silent leaves it."""
     entries = pack_bytes(data)
     head = [8192, keys.SUBS_WAKE_CHANNEL, 1, "application/octet-stream", "0", "", "", "", "", "", ""]
     args = [*head, token, total, len(entries), *flatten(entries)]
     script_keys = [*keys.stream_keys(sid), keys.stream_subs(sid), keys.subs_outbox(sid, False)]
-    return await store.scripts.run("append", script_keys, args)
+    return await scripts.run("append", script_keys, args)
 
 
 async def test_a_large_append_is_one_write(redis_url, http) -> None:
@@ -104,10 +104,10 @@ async def test_live_readers_get_a_large_json_append_once(redis_url, http) -> Non
             assert got == list(range(count))
 
 
-async def test_a_writer_gone_mid_append_leaves_no_trace(redis_url, http) -> None:
+async def test_a_writer_gone_mid_append_leaves_no_trace(redis_url, http, redis) -> None:
     async with _stream(redis_url, http, BYTES, b"before") as (server, url, sid):
-        store = server.app[GATEWAY].store
-        assert (await _begin(store, sid, b"x" * 1000, 5000))[0][0] == b"pending"
+        scripts = Scripts(redis)
+        assert (await _begin(scripts, sid, b"x" * 1000, 5000))[0][0] == b"pending"
         # Readers see nothing of it; a writer waits behind it until its writer is gone
         # (PEND_MS of silence), then its leftovers are dropped and the write goes on.
         assert await read_all(http, url) == b"before"
@@ -118,25 +118,25 @@ async def test_a_writer_gone_mid_append_leaves_no_trace(redis_url, http) -> None
         assert 3 < time.monotonic() - started < 9
         assert await read_all(http, url) == b"before-after"
         log = keys.stream_keys(sid)[1]
-        assert [e[0] for e in await store.scripts.redis.xrange(log)] == [b"0-1", b"6-1"]
-        meta = await store.scripts.redis.hgetall(keys.stream_keys(sid)[0])
+        assert [e[0] for e in await redis.xrange(log)] == [b"0-1", b"6-1"]
+        meta = await redis.hgetall(keys.stream_keys(sid)[0])
         assert b"pend" not in meta and meta[b"tail"] == b"12"
 
 
-async def test_a_step_after_its_deadline_is_refused(redis_url, http) -> None:
+async def test_a_step_after_its_deadline_is_refused(redis_url, http, redis) -> None:
     async with _stream(redis_url, http, BYTES) as (server, url, sid):
-        store = server.app[GATEWAY].store
-        await _begin(store, sid, b"x" * 1000, 2000, token="slow")
+        scripts = Scripts(redis)
+        await _begin(scripts, sid, b"x" * 1000, 2000, token="slow")
         script_keys = [*keys.stream_keys(sid), keys.stream_subs(sid), keys.subs_outbox(sid, False)]
         tail = ["slow", "last", "0", "", "", "", "", keys.SUBS_WAKE_CHANNEL, 1000, b"y" * 1000]
         await asyncio.sleep(5.2)  # a writer paused past PEND_MS (a GC pause, a stopped VM)
-        assert await store.scripts.run("append_part", script_keys, tail) == [b"lost"]
+        assert await scripts.run("append_part", script_keys, tail) == [b"lost"]
         assert await read_all(http, url) == b""
         async with http.post(url, data=b"ok", headers=BYTES) as r:
             assert r.status == 204 and r.headers["Stream-Next-Offset"] == offsets.encode(2)
         # A token that is not the one under way changes nothing.
-        await _begin(store, sid, b"z" * 10, 20, token="mine")
-        assert await store.scripts.run("append_part", script_keys, ["other", *tail[1:]]) == [b"lost"]
+        await _begin(scripts, sid, b"z" * 10, 20, token="mine")
+        assert await scripts.run("append_part", script_keys, ["other", *tail[1:]]) == [b"lost"]
         last = ["mine", *tail[1:-2], 10, b"w" * 10]
-        assert (await store.scripts.run("append_part", script_keys, last))[0] == b"ok"
+        assert (await scripts.run("append_part", script_keys, last))[0] == b"ok"
         assert await read_all(http, url) == b"ok" + b"z" * 10 + b"w" * 10

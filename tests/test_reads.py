@@ -9,8 +9,12 @@ import uuid
 import aiohttp
 import redis.asyncio as aioredis
 
+from gateway.archive.cold import ColdReader
+from gateway.archive.files import Archive
 from gateway.http.app import GATEWAY
 from gateway.redis_io import keys
+from gateway.redis_io.scripts import Scripts
+from gateway.streams.reads import Reads
 
 from .conftest import start_gateway
 
@@ -76,12 +80,16 @@ async def test_bulk_reads_answer_exactly_what_inline_reads_do(redis_url: str, ht
         await bulk.close()
 
 
-async def test_bulk_read_declines_when_the_log_changed(redis_url: str, http, redis: aioredis.Redis) -> None:
+async def test_bulk_read_declines_when_the_log_changed(
+    redis_url: str, http, redis: aioredis.Redis, tmp_path
+) -> None:
     """Between the script and the XRANGE the log may be trimmed (archived) or the stream
     deleted and created again: bulk then answers None and the caller asks the script."""
     server = await start_gateway(redis_url, max_chunk_bytes=1000, read_inline_bytes=0)
     try:
         store = server.app[GATEWAY].store
+        scripts = Scripts(redis)  # the bulk read is a step of the Store's reads, not a verb
+        reads = Reads(scripts, ColdReader(Archive(str(tmp_path)), 1 << 20), 1000, 0)
         name = f"bulk-{uuid.uuid4().hex[:8]}"
         url = str(server.make_url(f"/v1/stream/{name}"))
         kind = {"Content-Type": "text/plain"}
@@ -90,13 +98,13 @@ async def test_bulk_read_declines_when_the_log_changed(redis_url: str, http, red
             await http.post(url, data=piece, headers=kind)
         sid = keys.stream_id(name)
         meta = await store.head(sid)
-        assert await store.reads.bulk(sid, 1, 10, meta.created) == [(1, b"bc"), (3, b"defg"), (7, b"hij")]
-        assert await store.reads.bulk(sid, 4, 6, meta.created) == [(4, b"ef")]
-        assert await store.reads.bulk(sid, 0, 10, "another incarnation") is None
-        assert await store.reads.bulk(sid, 0, 11, meta.created) is None  # past the log's end
+        assert await reads.bulk(sid, 1, 10, meta.created) == [(1, b"bc"), (3, b"defg"), (7, b"hij")]
+        assert await reads.bulk(sid, 4, 6, meta.created) == [(4, b"ef")]
+        assert await reads.bulk(sid, 0, 10, "another incarnation") is None
+        assert await reads.bulk(sid, 0, 11, meta.created) is None  # past the log's end
         # What an archive commit does to the log:
         await redis.xtrim(keys.stream_keys(sid)[1], minid="3-1", approximate=False)
-        assert await store.reads.bulk(sid, 0, 10, meta.created) is None
-        assert await store.reads.bulk(sid, 3, 10, meta.created) == [(3, b"defg"), (7, b"hij")]
+        assert await reads.bulk(sid, 0, 10, meta.created) is None
+        assert await reads.bulk(sid, 3, 10, meta.created) == [(3, b"defg"), (7, b"hij")]
     finally:
         await server.close()

@@ -49,7 +49,7 @@ def open_counts(gw: Gateway) -> dict[str, int]:
         "listener channels": len(subscriber.channels),
         "unsent subscriptions": len(subscriber._unsent),
         "pending unsubscriptions": len(subscriber._leaving),
-        "shared reads": len(gw.store.reads._shared._inflight),
+        "shared reads": len(gw.store._reads._shared._inflight),
         "live slots": gw.guard.live.total,
         "body bytes": gw.bodies.held,
     }

@@ -23,6 +23,8 @@ from gateway.protocol.headers import Expiry
 from gateway.protocol.models import CreateSpec, Meta
 from gateway.redis_io import keys
 from gateway.redis_io.scripts import Scripts
+from gateway.streams.forks import Forks
+from gateway.streams.reads import Reads
 from gateway.streams.store import Store
 
 TEXT = "text/plain"
@@ -34,6 +36,13 @@ async def store(request: pytest.FixtureRequest, redis: aioredis.Redis, tmp_path)
     cold = ColdReader(Archive(str(tmp_path / "archive")), 1 << 20)
     inline = 1 << 20 if request.param == "inline" else 0
     yield Store(Scripts(redis), cold, max_chunk_bytes=1000, read_inline_bytes=inline)
+
+
+def parts(redis: aioredis.Redis, tmp_path) -> tuple[Scripts, Reads, Forks]:
+    """The Store's parts on their own, for the steps its verbs do not expose."""
+    scripts = Scripts(redis)
+    reads = Reads(scripts, ColdReader(Archive(str(tmp_path / "archive")), 1 << 20), 1000, 0)
+    return scripts, reads, Forks(scripts, reads, 1000)
 
 
 def name() -> str:
@@ -302,7 +311,7 @@ async def test_re_creating_a_fork_neither_pins_nor_unpins_wrongly(
 
 
 async def test_a_late_release_leaves_a_new_incarnations_fork_alone(
-    store: Store, redis: aioredis.Redis
+    store: Store, redis: aioredis.Redis, tmp_path
 ) -> None:
     """A weak fork is deleted, and before its release runs (another step), the source is
     made anew and a pinning fork created at the same path: the release must not drop it."""
@@ -312,27 +321,31 @@ async def test_a_late_release_leaves_a_new_incarnations_fork_alone(
     await store.delete(src)
     await make(store, src, b"ABCDEF")
     # delete.lua alone: no release yet
-    result = await store.scripts.run("delete", store.keys_with_subscribers(child), [keys.SUBS_WAKE_CHANNEL])
+    scripts, _, forks = parts(redis, tmp_path)
+    result = await scripts.run("delete", store.keys_with_subscribers(child), [keys.SUBS_WAKE_CHANNEL])
     assert result[0] == b"deleted"
     await fork(store, child, src, 3, pin=True)  # a pinning fork at the same path, of the new source
-    await store.forks.release(child, result[1].decode(), result[2].decode())  # the late release
+    await forks.release(child, result[1].decode(), result[2].decode())  # the late release
     assert await forks_of(redis, src) == {child.encode()}
     await store.delete(src)
     assert (await redis.hget(keys.stream_keys(src)[0], "deleted")) == b"1"  # soft: still pinned
     assert await read(store, child, 0) == b"ABC"
 
 
-async def test_bulk_reads_check_the_ancestors_incarnation(store: Store, redis: aioredis.Redis) -> None:
+async def test_bulk_reads_check_the_ancestors_incarnation(
+    store: Store, redis: aioredis.Redis, tmp_path
+) -> None:
+    _, reads, _ = parts(redis, tmp_path)
     src = name()
     await make(store, src, b"abcdef")
     await fork(store, name(), src, pin=False)
     old = (await store.head(src)).uid
     assert old
-    assert await store.reads.bulk(src, 0, 6, None, incarnation=old) == [(0, b"abcdef")]
+    assert await reads.bulk(src, 0, 6, None, incarnation=old) == [(0, b"abcdef")]
     await store.delete(src)
     await make(store, src, b"ABCDEF")
-    assert await store.reads.bulk(src, 0, 6, None, incarnation=old) is None
-    assert await store.reads.bulk(src, 0, 6, None) == [(0, b"ABCDEF")]  # its own read: no check
+    assert await reads.bulk(src, 0, 6, None, incarnation=old) is None
+    assert await reads.bulk(src, 0, 6, None) == [(0, b"ABCDEF")]  # its own read: no check
 
 
 async def test_chains_from_before_incarnations(store: Store, redis: aioredis.Redis) -> None:

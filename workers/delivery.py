@@ -57,7 +57,13 @@ from gateway.archive.cold import ColdReader
 from gateway.archive.files import Archive
 from gateway.concurrency import backoff
 from gateway.config import Settings
-from gateway.features.subscriptions import ALIVE_REFRESH_SECONDS, TOKEN_TTL_MS, flat_pairs, wake_streams
+from gateway.features.subscriptions import (
+    ALIVE_REFRESH_SECONDS,
+    TOKEN_TTL_MS,
+    Subscriptions,
+    flat_pairs,
+    wake_streams,
+)
 from gateway.protocol import offsets, ssrf
 from gateway.protocol.entries import pack_bytes, pack_messages
 from gateway.protocol.errors import ProtocolError
@@ -147,7 +153,7 @@ class Delivery:
         self.redis_url = redis_url  # --redis-url, or the embedded Redis found in --data-dir
         self.scripts = scripts
         self.store = store
-        self.subs = store.subscriptions
+        self.subs = Subscriptions(scripts)
         self.cluster = scripts.cluster
         self.heartbeat = heartbeat
         self.name = f"{socket.gethostname()}:{uuid.uuid4().hex[:8]}"
@@ -705,8 +711,8 @@ async def run_worker(settings: Settings, redis_url: str, stop: asyncio.Event) ->
         replica_ack=replica_ack(settings.min_replicas_ack, settings.min_replicas_ack_timeout),
     )
     cold = ColdReader(Archive(settings.archive_location), 16 * 1024 * 1024)
-    store = Store(scripts, cold, settings.max_chunk_bytes, settings.notice_payload_bytes)
-    store.hints.enabled = False  # the wake stream's archive hints: the gateways' and the reconciliation's
+    # The wake stream's archive hints are the gateways' and the reconciliation's.
+    store = Store(scripts, cold, settings.max_chunk_bytes, settings.notice_payload_bytes, archive_hints=False)
     delivery = Delivery(settings, scripts, store, heartbeat, redis_url)
     try:
         if not await Preflight(scripts.redis, prepare=scripts.load).wait(stop, heartbeat.beat):
@@ -714,7 +720,7 @@ async def run_worker(settings: Settings, redis_url: str, stop: asyncio.Event) ->
         if settings.webhook_signing_key_file:
             with open(settings.webhook_signing_key_file, "rb") as f:
                 key = SigningKey.from_pem(f.read())
-            if await store.subscriptions.signing.add(key, now_ms()):
+            if await delivery.subs.signing.add(key, now_ms()):
                 log.info("webhook signing key %s added from %s", key.kid, settings.webhook_signing_key_file)
         log.info("delivering subscription wakes as %s", delivery.name)
         await delivery.run(stop)

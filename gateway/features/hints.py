@@ -78,11 +78,11 @@ async def add_hints(
 
 
 class Hints:
-    def __init__(self, redis: Client, interval: float = 1.0) -> None:
+    def __init__(self, redis: Client, interval: float = 1.0, *, enabled: bool = True) -> None:
         self.redis = redis
         self.hint_keys = HintKeys.of_client(redis)
         self.interval = interval
-        self.enabled = True
+        self.enabled = enabled  # --archive-hints; off where no archive worker reads them
         self._marked: set[str] = set()
         self._stop = asyncio.Event()
 

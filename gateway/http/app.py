@@ -13,12 +13,12 @@ from collections.abc import Awaitable, Callable, Mapping
 import redis.asyncio as aioredis
 import redis.exceptions
 from aiohttp import web
-from redis.asyncio import RedisCluster
 
 from ..archive.cold import ColdReader
 from ..archive.files import Archive
 from ..config import Settings, conflict, from_env
 from ..features.backpressure import WritePause
+from ..features.hints import HintKeys
 from ..features.ratelimit import RateLimiter
 from ..live.fanout import Fanout
 from ..protocol import browser, caching
@@ -40,8 +40,6 @@ from .guard import Guard
 log = logging.getLogger(__name__)
 limited = RateLimited(log)
 CLEANUP_STEP_SECONDS = 5.0  # each shutdown step; none may hold a shutdown past its grace period
-HINTS_TASK = web.AppKey("hints_task", asyncio.Task)
-SWEEP_TASK = web.AppKey("sweep_task", asyncio.Task)
 PAUSE_TASK = web.AppKey("pause_task", asyncio.Task)  # write backpressure's polls (features/backpressure.py)
 PREFLIGHT_TASK = web.AppKey("preflight_task", asyncio.Task)
 EMBEDDED_REDIS = web.AppKey("embedded_redis", str)  # the URL of the Redis this server runs itself
@@ -205,22 +203,11 @@ async def readyz(request: web.Request) -> web.Response:
         return web.Response(status=503, text="not ready: shutting down\n")
     if not gw.preflight.ready:  # unreachable at start, or a check not passed yet (logged)
         return web.Response(status=503, text="not ready: waiting for storage\n")
-    scripts = gw.store.scripts
-    if scripts.cluster:  # one shard away must not make every gateway unready: its streams answer 503
-        try:
-            await scripts.redis.ping(target_nodes=RedisCluster.RANDOM)
-        except Exception as exc:
-            limited.log(logging.WARNING, "readyz", "not ready: redis cluster: %s", exc)
-            return web.Response(status=503, text="not ready: storage unavailable\n")
-        return web.Response(text="ready\n")
     try:
-        await gw.store.redis.ping()
-        loaded = await gw.store.redis.script_exists(*gw.store.scripts.shas())
+        await gw.store.check_ready()
     except Exception as exc:  # the details (addresses, paths) go to the log, not to whoever asks
         limited.log(logging.WARNING, "readyz", "not ready: redis: %s", exc)
         return web.Response(status=503, text="not ready: storage unavailable\n")
-    if not all(loaded):
-        await gw.store.scripts.load()
     return web.Response(text="ready\n")
 
 
@@ -331,7 +318,13 @@ def create_app(
         )
         cold = ColdReader(Archive(settings.archive_location), settings.archive_cache_bytes)
         store = Store(
-            scripts, cold, settings.max_chunk_bytes, settings.notice_payload_bytes, settings.read_inline_bytes
+            scripts,
+            cold,
+            settings.max_chunk_bytes,
+            settings.notice_payload_bytes,
+            settings.read_inline_bytes,
+            archive_hints=settings.archive_hints,
+            stream_registry=settings.stream_registry,
         )
         preflight = Preflight(
             scripts.redis,
@@ -343,13 +336,13 @@ def create_app(
         metrics.LIVE_CAPACITY.set(settings.max_live_connections)
         await fanout.start()
         pause = WritePause(
-            store.redis,
-            store.hints.hint_keys,
+            scripts.redis,
+            HintKeys.of_client(scripts.redis),
             memory=settings.write_pause_memory,
             archive_lag=settings.write_pause_archive_lag,
             retry_after=settings.write_pause_retry_after,
         )
-        guard.attach(RateLimiter(store.scripts), pause)
+        guard.attach(RateLimiter(scripts), pause)
         app[GATEWAY] = Gateway(
             settings=settings,
             store=store,
@@ -359,10 +352,7 @@ def create_app(
             preflight=preflight,
             webhook_policy=parse_allow_list(settings.webhook_allow),
         )
-        store.hints.enabled = settings.archive_hints
-        store.registry.enabled = settings.stream_registry
-        app[HINTS_TASK] = asyncio.create_task(store.hints.run())
-        app[SWEEP_TASK] = asyncio.create_task(store.index_sweep.run())
+        store.start()
         app[PAUSE_TASK] = asyncio.create_task(pause.run())
         if not await preflight.attempt():  # a refusal is raised: the start fails
             log.warning(
@@ -385,16 +375,13 @@ def create_app(
         trying = app.get(PREFLIGHT_TASK)
         if trying is not None:
             trying.cancel()
-        app[SWEEP_TASK].cancel()
-        gw.store.hints.stop()
         if gw.guard.pause is not None:
             gw.guard.pause.stop()
         for name, step in (
             ("access control", gw.guard.close()),
-            ("archive hints", app[HINTS_TASK]),
             ("write backpressure", app[PAUSE_TASK]),
             ("fan-out", gw.fanout.close()),
-            ("redis", gw.store.scripts.aclose()),
+            ("store", gw.store.close(CLEANUP_STEP_SECONDS / 2)),  # two bounded steps
         ):
             try:
                 await asyncio.wait_for(step, CLEANUP_STEP_SECONDS)

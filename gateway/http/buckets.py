@@ -19,7 +19,6 @@ from typing import Any
 
 from aiohttp import web
 
-from ..features.buckets import Buckets
 from ..protocol.buckets import (
     DEFAULT_BUCKET,
     LISTING,
@@ -32,6 +31,7 @@ from ..protocol.buckets import (
 )
 from ..protocol.errors import coded
 from ..protocol.listing import Position, encode_cursor, parse_query
+from ..streams.store import Store
 from . import snapshots
 from .context import gateway_of
 from .guard import Guard
@@ -41,8 +41,8 @@ from .listing import visible_page
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def _buckets(request: web.Request) -> Buckets:
-    return gateway_of(request).store.buckets
+def _store(request: web.Request) -> Store:
+    return gateway_of(request).store
 
 
 def _name(request: web.Request) -> str:
@@ -56,17 +56,17 @@ def _not_found(name: str) -> Exception:
 async def put_bucket(request: web.Request) -> web.Response:
     name = _name(request)
     await gateway_of(request).guard.admit_path(request, path_prefix(name), "write")
-    created = name != DEFAULT_BUCKET and await _buckets(request).create(name)
+    created = name != DEFAULT_BUCKET and await _store(request).create_bucket(name)
     return web.json_response({"bucket_id": name}, status=201 if created else 200)
 
 
 async def get_bucket(request: web.Request) -> web.Response:
     name = _name(request)
     await gateway_of(request).guard.admit_path(request, path_prefix(name), "read")
-    buckets = _buckets(request)
-    if not await buckets.exists(name):
+    store = _store(request)
+    if not await store.bucket_exists(name):
         raise _not_found(name)
-    return web.json_response({"bucket_id": name, "streams": await buckets.count(name)})
+    return web.json_response({"bucket_id": name, "streams": await store.count_bucket(name)})
 
 
 async def delete_bucket(request: web.Request) -> web.Response:
@@ -74,10 +74,10 @@ async def delete_bucket(request: web.Request) -> web.Response:
     await gateway_of(request).guard.admit_path(request, path_prefix(name), "admin")
     if name == DEFAULT_BUCKET:
         raise coded(409, "default_bucket", "the _default bucket holds the paths without '/': it stays")
-    buckets = _buckets(request)
-    if not await buckets.empty(name):
+    store = _store(request)
+    if not await store.bucket_empty(name):
         raise coded(409, "bucket_not_empty", f"bucket {name!r} has streams: delete them first")
-    if not await buckets.delete(name):
+    if not await store.delete_bucket(name):
         raise _not_found(name)
     return web.Response(status=204)
 
@@ -88,21 +88,21 @@ async def list_bucket(request: web.Request) -> web.Response:
     ``after`` and ``next_cursor`` are stream ids, on a cluster opaque)."""
     gw = gateway_of(request)
     name = _name(request)
-    listing = gw.store.listing
-    query = parse_query(request.query, listing.parts)
+    parts = gw.store.index_parts
+    query = parse_query(request.query, parts)
     full = path_prefix(name) + query.prefix
     principal = await gw.guard.admit_listing(request, full)
-    if not await gw.store.buckets.exists(name):
+    if not await gw.store.bucket_exists(name):
         raise _not_found(name)
     start = query.start
-    if listing.parts == 1 and start.after is not None:
+    if parts == 1 and start.after is not None:
         start = Position(0, stream_path(name, start.after))
-    page = await visible_page(listing, principal, full, start, query.limit, lambda p: in_bucket(name, p))
+    page = await visible_page(gw.store, principal, full, start, query.limit, lambda p: in_bucket(name, p))
     cursor = None
     if page.next is not None:
         after = page.next.after
-        if listing.parts > 1:
-            cursor = encode_cursor(page.next, listing.parts)
+        if parts > 1:
+            cursor = encode_cursor(page.next, parts)
         elif after is not None and in_bucket(name, after):
             cursor = stream_id_of(name, after)
         else:  # a walk past the bucket's range (the budget): resume from where it stopped
@@ -136,7 +136,7 @@ async def admit_bucket_stream(guard: Guard, request: web.Request) -> None:
     info = request.match_info
     name, info["path"] = bucket_stream(info["bucket"], info["stream"])
     await guard.admit_stream(request)
-    if request.method == "PUT" and not await gateway_of(request).store.buckets.exists(name):
+    if request.method == "PUT" and not await gateway_of(request).store.bucket_exists(name):
         raise _not_found(name)
 
 

@@ -21,12 +21,13 @@ from typing import Any
 
 from aiohttp import web
 
-from ..features.listing import MAX_PRODUCERS, Listed, Listing, Page
+from ..features.listing import MAX_PRODUCERS, Listed, Page
 from ..protocol import offsets
 from ..protocol.access import Principal
 from ..protocol.errors import ProtocolError
 from ..protocol.listing import Position, check_listable, encode_cursor, parse_query, readable_prefixes
 from ..redis_io import keys
+from ..streams.store import Store
 from .context import gateway_of
 from .guard import principal_of
 from .handlers import options_stream, stream_name
@@ -35,21 +36,21 @@ from .subscriptions import RESERVED
 
 async def list_streams(request: web.Request) -> web.Response:
     gw = gateway_of(request)
-    listing = gw.store.listing
-    query = parse_query(request.query, listing.parts)
+    parts = gw.store.index_parts
+    query = parse_query(request.query, parts)
     principal = await gw.guard.admit_listing(request, query.prefix)
-    page = await visible_page(listing, principal, query.prefix, query.start, query.limit)
+    page = await visible_page(gw.store, principal, query.prefix, query.start, query.limit)
     body = {
         "prefix": query.prefix,
         "streams": [_item(listed) for listed in page.streams],
-        "next_cursor": None if page.next is None else encode_cursor(page.next, listing.parts),
+        "next_cursor": None if page.next is None else encode_cursor(page.next, parts),
         "has_more": page.next is not None,
     }
     return web.json_response(body, headers={"Cache-Control": "no-store"})
 
 
 async def visible_page(
-    listing: Listing,
+    store: Store,
     principal: Principal,
     prefix: str,
     start: Position,
@@ -66,11 +67,11 @@ async def visible_page(
             return Page([], None)
         if not principal.allows("read", only):
             return Page([], None)
-        listed = await listing.one(keys.stream_id(only), producers=0)
+        listed = await store.describe(keys.stream_id(only), producers=0)
         return Page([] if listed is None else [listed], None)
     prefixes = readable_prefixes(principal, prefix)
     check_listable(principal, prefixes)
-    return await listing.page(prefixes, start, limit, lambda p: within(p) and principal.allows("read", p))
+    return await store.list_page(prefixes, start, limit, lambda p: within(p) and principal.allows("read", p))
 
 
 async def one_stream(request: web.Request) -> web.Response:
@@ -82,7 +83,7 @@ async def one_stream(request: web.Request) -> web.Response:
     await gw.guard.admit_path(request, path, "read")
     # Producer ids and sequence numbers are the writers' business: shown to those who may write.
     writer = principal_of(request).allows("write", path)
-    listed = await gw.store.listing.one(keys.stream_id(path), producers=MAX_PRODUCERS if writer else 0)
+    listed = await gw.store.describe(keys.stream_id(path), producers=MAX_PRODUCERS if writer else 0)
     if listed is None:
         raise ProtocolError(404, "stream not found")
     item = _item(listed)

@@ -21,7 +21,7 @@ from typing import Any
 
 from aiohttp import web
 
-from ..features.subscriptions import TOKEN_TTL_MS, Link, Subscriptions, not_found
+from ..features.subscriptions import TOKEN_TTL_MS, Link, not_found
 from ..protocol import access, ssrf
 from ..protocol.errors import coded
 from ..protocol.subscriptions import (
@@ -37,6 +37,7 @@ from ..protocol.subscriptions import (
     validate_id,
 )
 from ..protocol.webhooks import jwks as jwk_set
+from ..streams.store import Store
 from .bodies import read_body
 from .context import gateway_of
 from .guard import principal_of
@@ -48,8 +49,8 @@ DNS_TIMEOUT_SECONDS = 5.0
 MAX_CONTROL_BODY = 1024 * 1024  # a subscription's JSON: 1,000 paths of 1 KB at most
 
 
-def _subs(request: web.Request) -> Subscriptions:
-    return gateway_of(request).store.subscriptions
+def _store(request: web.Request) -> Store:
+    return gateway_of(request).store
 
 
 def _id(request: web.Request) -> str:
@@ -124,11 +125,11 @@ def describe(sub: str, state: dict[str, str], links: list[Link], root: str, kid:
 
 
 async def _described(request: web.Request, sub: str, status: int = 200) -> web.Response:
-    subs = _subs(request)
-    found = await subs.get(sub)
+    store = _store(request)
+    found = await store.subscription(sub)
     if found is None:
         raise not_found(sub)
-    kid = (await subs.signing.signer()).kid
+    kid = (await store.webhook_signer()).kid
     return web.json_response(describe(sub, *found, stream_root(request), kid), status=status)
 
 
@@ -152,7 +153,7 @@ async def put_subscription(request: web.Request) -> web.Response:
         access.check(principal, "write", config.wake_stream)
     if config.webhook_url is not None:
         await check_webhook_target(config.webhook_url, gw.webhook_policy)
-    created = await _subs(request).create(sub, config, _now_iso(), stream_root(request))
+    created = await _store(request).create_subscription(sub, config, _now_iso(), stream_root(request))
     return await _described(request, sub, 201 if created else 200)
 
 
@@ -165,7 +166,7 @@ async def get_subscription(request: web.Request) -> web.Response:
 async def delete_subscription(request: web.Request) -> web.Response:
     sub = _id(request)
     await _admit(request, sub, "write")
-    if not await _subs(request).delete(sub):
+    if not await _store(request).delete_subscription(sub):
         raise not_found(sub)
     return web.Response(status=204)
 
@@ -176,7 +177,7 @@ async def add_streams(request: web.Request) -> web.Response:
     paths = parse_membership(await _body(request), gateway_of(request).settings.subscription_max_streams)
     for path in paths:
         access.check(principal_of(request), "read", path)
-    await _subs(request).add_streams(sub, paths)
+    await _store(request).add_subscription_streams(sub, paths)
     return web.Response(status=204)
 
 
@@ -184,7 +185,7 @@ async def remove_stream(request: web.Request) -> web.Response:
     sub = _id(request)
     await _admit(request, sub, "write")
     path = normalize_path(request.match_info["path"])
-    await _subs(request).remove_stream(sub, path)
+    await _store(request).remove_subscription_stream(sub, path)
     return web.Response(status=204)
 
 
@@ -201,13 +202,13 @@ def _bearer(request: web.Request) -> str:
 async def _wake_call(request: web.Request, mode: str, kind: str) -> tuple[str, bool]:
     """A callback, ack or release: the wake token checked, then the fenced script."""
     sub = _id(request)
-    subs = _subs(request)
+    store = _store(request)
     token = _bearer(request)
     ack = parse_ack(await _body(request))
-    claims = check_token([await subs.secret()], token, sub, kind, int(time.time() * 1000))
+    claims = check_token([await store.subscription_secret()], token, sub, kind, int(time.time() * 1000))
     if claims.generation != ack.generation or claims.wake_id != ack.wake_id:
         raise coded(409, "FENCED", "the token is for another wake")
-    return sub, await subs.ack(mode, sub, ack)
+    return sub, await store.ack_subscription(mode, sub, ack)
 
 
 async def callback(request: web.Request) -> web.Response:
@@ -229,10 +230,10 @@ async def claim(request: web.Request) -> web.Response:
     sub = _id(request)
     await _admit(request, sub, "write")
     worker = parse_claim(await _body(request))
-    subs = _subs(request)
-    claimed = await subs.claim(sub, worker)
+    store = _store(request)
+    claimed = await store.claim_subscription(sub, worker)
     token = issue_token(
-        await subs.secret(),
+        await store.subscription_secret(),
         sub,
         claimed["generation"],
         claimed["wake_id"],
@@ -253,7 +254,7 @@ async def claim(request: web.Request) -> web.Response:
 
 async def jwks(request: web.Request) -> web.Response:
     """Spec 6.5: the public keys webhooks are signed with (and those about to be)."""
-    keys = await _subs(request).signing.published()
+    keys = await _store(request).published_signing_keys()
     return web.json_response(
         jwk_set(keys),
         content_type="application/jwk-set+json",

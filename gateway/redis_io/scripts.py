@@ -231,6 +231,18 @@ class Scripts:
     def shas(self) -> list[str]:
         return [script.sha for script in self._scripts.values()]
 
+    async def ready(self) -> None:
+        """Raise unless Redis answers now. On one Redis it must also hold the scripts (loaded
+        again if it lost them, e.g. a restart without persistence); on a cluster any node
+        answering is enough: one shard away must not make every gateway unready (its
+        streams answer 503)."""
+        if isinstance(self._redis, RedisCluster):
+            await self._redis.ping(target_nodes=RedisCluster.RANDOM)
+            return
+        await self._redis.ping()
+        if not all(await self._redis.script_exists(*self.shas())):
+            await self.load()
+
     async def call(self, name: str, script_keys: list[str], args: Sequence[Any]) -> Any:
         """Run a script on the node serving its keys (all of one slot)."""
         script = self._scripts[name]
@@ -424,7 +436,7 @@ def connect_scripts(
     answered: Callable[[], None] = lambda: None,
 ) -> Scripts:
     """The scripts on the Redis at ``url`` (on the cluster ``url`` is a node of),
-    through bounded pools (``client.connect``). Nothing connects until first used.
+    through bounded pools (``connections.connect``). Nothing connects until first used.
     ``answered`` is called after every script call Redis answered."""
     if not cluster:
         return Scripts(connect(url, max_connections, timeout), replica_ack=replica_ack, answered=answered)

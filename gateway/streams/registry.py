@@ -50,8 +50,10 @@ class Registry:
         self,
         create: Callable[[str], Awaitable[object]],
         append: Callable[[str, bytes], Awaitable[object]],
+        *,
+        enabled: bool = False,
     ) -> None:
-        self.enabled = False
+        self.enabled = enabled
         self._create, self._append = create, append
         self._made = False
 

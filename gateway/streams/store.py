@@ -1,4 +1,4 @@
-"""The Store: every stream operation the HTTP handlers call, on Redis.
+"""The Store: every operation the HTTP handlers call, on Redis.
 
 Most operations are one script call on one stream's keys (one hash tag, see
 keys.py), so each runs on the one Redis Cluster node serving the stream. The
@@ -12,19 +12,23 @@ exceptions:
   sequences of single-stream steps (``forks.py``, ``reads.py``): a fork and its
   source may be on different nodes; the comments at each step say why an
   interruption between steps is harmless.
-This module builds the parts above and holds create and delete; appends and
-reads are passed on to their modules.
+This module builds the parts above and holds create and delete; the other verbs are
+the parts' own methods.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+from collections.abc import Callable
 
 from ..archive.cold import ColdReader
 from ..features.buckets import Buckets
 from ..features.hints import Hints
 from ..features.listing import IndexSweep, Listing
 from ..features.snapshots import Snapshots
+from ..features.stats import Reader, Recorder
 from ..features.subscriptions import Subscriptions
 from ..protocol.conditions import precondition_failed
 from ..protocol.entries import flatten, pack_messages
@@ -42,6 +46,13 @@ from .registry import JSON, Registry, created_event, deleted_event
 
 
 class Store:
+    """The facade: every operation the HTTP handlers ask of Redis, as a verb. Its parts
+    (appends, reads, forks, hints, the registry and the side features' state) are private;
+    what they need is given at construction and never changed after.
+
+    Verbs that are a part's own method are bound here, not wrapped: a wrapper would repeat
+    the signature and cost every request one more coroutine (see appends.py, reads.py)."""
+
     def __init__(
         self,
         scripts: Scripts,
@@ -49,29 +60,86 @@ class Store:
         max_chunk_bytes: int,
         notice_payload_bytes: int = 8192,
         read_inline_bytes: int = 64 * 1024,
+        *,
+        archive_hints: bool = True,
+        stream_registry: bool = False,
     ) -> None:
-        self.scripts = scripts
-        self.redis = redis = scripts.redis
-        self.hints = Hints(redis)
-        self.reads = Reads(scripts, cold, max_chunk_bytes, read_inline_bytes)
-        self.appends = Appends(self.scripts, self.hints, notice_payload_bytes)
-        self.forks = Forks(self.scripts, self.reads, max_chunk_bytes)
-        self.subscriptions = Subscriptions(scripts)
-        self.listing = Listing(scripts)
-        self.index_sweep = IndexSweep(self.listing)
-        self.buckets = Buckets(self.listing)
-        self.snapshots = Snapshots(scripts, cold.archive)
-        self.registry = Registry(self._make_registry, self._registry_append)
-        if scripts.cluster:
-            keys.subs_outbox(
-                "", cluster=True
-            )  # its table of slot tags, now (~0.5 s) rather than at an append
-        # Appends and reads are the collaborators' own methods, bound here: no wrapper that
-        # repeats their signatures and costs every request a coroutine (see appends.py, reads.py).
-        self.append = self.appends.append
-        self.head = self.reads.head
-        self.read = self.reads.read
-        self.read_shared = self.reads.read_shared
+        self._scripts = scripts
+        self._hints = Hints(scripts.redis, enabled=archive_hints)
+        self._reads = Reads(scripts, cold, max_chunk_bytes, read_inline_bytes)
+        self._appends = Appends(scripts, self._hints, notice_payload_bytes)
+        self._forks = Forks(scripts, self._reads, max_chunk_bytes)
+        self._subscriptions = Subscriptions(scripts)
+        self._listing = Listing(scripts)
+        self._index_sweep = IndexSweep(self._listing)
+        self._buckets = Buckets(self._listing)
+        self._snapshots = Snapshots(scripts, cold.archive)
+        self._stats = Reader(scripts)
+        self._registry = Registry(self._make_registry, self._registry_append, enabled=stream_registry)
+        self._tasks: list[asyncio.Task[None]] = []
+        if scripts.cluster:  # the outbox's table of slot tags, now (~0.5 s) rather than at an append
+            keys.subs_outbox("", cluster=True)
+
+        # Streams (create and delete are below).
+        self.append = self._appends.append
+        self.head = self._reads.head
+        self.read = self._reads.read
+        self.read_shared = self._reads.read_shared
+        # The stream index: one stream as listed, a page of paths, how many parts the index has.
+        self.describe = self._listing.one
+        self.list_page = self._listing.page
+        self.index_parts = self._listing.parts
+        # Buckets.
+        self.create_bucket = self._buckets.create
+        self.bucket_exists = self._buckets.exists
+        self.bucket_empty = self._buckets.empty
+        self.count_bucket = self._buckets.count
+        self.delete_bucket = self._buckets.delete
+        # Application snapshots.
+        self.publish_snapshot = self._snapshots.publish
+        self.snapshot_state = self._snapshots.state
+        self.snapshot_blob = self._snapshots.blob
+        # Subscriptions and webhook signing.
+        self.subscription = self._subscriptions.get
+        self.create_subscription = self._subscriptions.create
+        self.delete_subscription = self._subscriptions.delete
+        self.add_subscription_streams = self._subscriptions.add_streams
+        self.remove_subscription_stream = self._subscriptions.remove_stream
+        self.claim_subscription = self._subscriptions.claim
+        self.ack_subscription = self._subscriptions.ack
+        self.subscription_secret = self._subscriptions.secret
+        self.webhook_signer = self._subscriptions.signing.signer
+        self.published_signing_keys = self._subscriptions.signing.published
+        # The console's live statistics.
+        self.stats_overview = self._stats.overview
+        self.stream_stats = self._stats.stream
+        self.subscription_stats = self._stats.subscriptions
+        # Operations: whether Redis answers with the scripts loaded (/readyz).
+        self.check_ready = scripts.ready
+
+    def stats_recorder(self, readers: Callable[[str], int]) -> Recorder:
+        """This process' recorder of the console's statistics (``readers``: a stream's
+        live readers here)."""
+        return Recorder(self._scripts, readers, self._hints.hint_keys.all)
+
+    def start(self) -> None:
+        """The background work: archive hints sent each second, the stream index swept."""
+        self._tasks = [
+            asyncio.create_task(self._hints.run(), name="archive hints"),
+            asyncio.create_task(self._index_sweep.run(), name="index sweep"),
+        ]
+
+    async def close(self, step_seconds: float = 5.0) -> None:
+        """Stop the background work (the hints still marked are sent) and close the clients;
+        each step bounded, so that a Redis that does not answer cannot hold the process."""
+        self._hints.stop()
+        for task in self._tasks:
+            if task.get_name() == "index sweep":
+                task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+                await asyncio.wait_for(task, step_seconds)
+        await asyncio.wait_for(self._scripts.aclose(), step_seconds)
 
     # -- create, delete -------------------------------------------------------
 
@@ -83,21 +151,21 @@ class Store:
                 sid, spec, content_type, normalize_content_type(content_type), spec.expiry, fork=None
             )
         src = spec.fork_from
-        source, added = await self.forks.reference(sid, src, spec.pin_source)
+        source, added = await self._forks.reference(sid, src, spec.pin_source)
         # Only a record this call added is dropped below: an existing one is the fork's
         # (or a concurrent create's) own, and a weak reference records nothing.
         uid = source.uid or ""
         try:
-            plan = await self.forks.plan(spec, source)
+            plan = await self._forks.plan(spec, source)
             created, meta = await self._create(
                 sid, spec, source.content_type, source.media_type, plan.expiry, plan
             )
         except ProtocolError:
             if added:
-                await self.forks.release_unless_forked(sid, src, uid)
+                await self._forks.release_unless_forked(sid, src, uid)
             raise
         if added and not created:  # it existed: the record stays only if it is a pinning fork of this source
-            await self.forks.release_unless_forked(sid, src, uid)
+            await self._forks.release_unless_forked(sid, src, uid)
         return created, meta
 
     async def _make_registry(self, sid: str) -> None:
@@ -119,8 +187,8 @@ class Store:
         fork: ForkPlan | None,
     ) -> tuple[bool, Meta]:
         script_keys = self.keys_with_subscribers(sid)
-        record = await self.subscriptions.workers.alive()
-        result = await self.scripts.run(
+        record = await self._subscriptions.workers.alive()
+        result = await self._scripts.run(
             "create",
             script_keys,
             [
@@ -155,15 +223,17 @@ class Store:
         meta = Meta.parse(sid, result[1])
         if status == "created":
             if spec.entries:
-                self.hints.mark(sid)
+                self._hints.mark(sid)
             path = keys.path_of(sid)
-            await self.registry.record(sid, lambda: created_event(path, meta.content_type, int(meta.created)))
+            await self._registry.record(
+                sid, lambda: created_event(path, meta.content_type, int(meta.created))
+            )
         return status == "created", meta
 
     def keys_with_subscribers(self, sid: str) -> list[str]:
         """A stream's keys, its subscription links, its slot's stream index and outbox
         (create.lua, delete.lua)."""
-        cluster = self.scripts.cluster
+        cluster = self._scripts.cluster
         return [
             *keys.stream_keys(sid),
             keys.stream_subs(sid),
@@ -172,13 +242,13 @@ class Store:
         ]
 
     async def delete(self, sid: str) -> None:
-        result = await self.scripts.run("delete", self.keys_with_subscribers(sid), [keys.SUBS_WAKE_CHANNEL])
+        result = await self._scripts.run("delete", self.keys_with_subscribers(sid), [keys.SUBS_WAKE_CHANNEL])
         status = text(result[0])
         if status in ("missing", "gone"):
             raise not_found(status)
-        await self.registry.record(sid, lambda: deleted_event(keys.path_of(sid)))
+        await self._registry.record(sid, lambda: deleted_event(keys.path_of(sid)))
         if status == "deleted":
-            await self.hints.forget(sid)
-            await self.forks.release(sid, text(result[1]), text(result[2]))
+            await self._hints.forget(sid)
+            await self._forks.release(sid, text(result[1]), text(result[2]))
             if len(result) > 3 and text(result[3]):
-                await self.snapshots.forget(text(result[3]))
+                await self._snapshots.forget(text(result[3]))
