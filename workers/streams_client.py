@@ -42,6 +42,7 @@ import orjson
 from gateway.protocol import offsets as _offsets
 from gateway.protocol.errors import ProtocolError
 from gateway.protocol.jsonmode import split_messages
+from gateway.protocol.namespace import RESERVED
 
 log = logging.getLogger("durable_streams.spark")
 
@@ -218,7 +219,7 @@ class Client:
         after: str | None = None
         while True:
             query = {"prefix": prefix, "limit": str(page)} | ({"after": after} if after else {})
-            reply = self.request("GET", f"{self._prefix}/__ds/streams?{urlencode(query)}")
+            reply = self.request("GET", f"{self._prefix}/{RESERVED}/streams?{urlencode(query)}")
             if reply.status != 200:
                 raise StreamsError(f"listing {prefix!r}: {reply.status} {reply.text}", reply.status)
             doc = json.loads(reply.body)

@@ -25,6 +25,8 @@ from urllib.parse import urljoin, urlsplit, urlunsplit
 import aiohttp
 from multidict import CIMultiDictProxy
 
+from ..protocol.namespace import RESERVED
+
 DEFAULT_URL = "http://127.0.0.1:4437/v1/stream"
 URL_ENV, TOKEN_ENV = "DURABLE_STREAMS_URL", "DURABLE_STREAMS_TOKEN"
 DEFAULT_CONTENT_TYPE = "application/octet-stream"  # what the protocol (and this server) default to
@@ -33,8 +35,8 @@ SSE_READ_SECONDS = 60.0  # an SSE connection silent this long is dead: servers s
 RECONNECT_MAX_SECONDS = 5.0  # longest pause between tail's reconnection attempts
 PRODUCER_RETRIES = 3  # a producer's append is deduplicated by the server: resending it is safe
 STREAM_PREFIX = "/v1/stream"  # the protocol's usual prefix, this server's default --prefix
-LISTING = "__ds/streams"  # the listing API under the streams' base URL (this server's)
-CONSOLE = "__ds/console/"  # this server's web console under the streams' base URL, where GET / leads
+LISTING = f"{RESERVED}/streams"  # the listing API under the streams' base URL (this server's)
+CONSOLE = f"{RESERVED}/console/"  # this server's web console under the streams' base URL, where GET / leads
 
 OK, OTHER, USAGE, NOT_FOUND, CONFLICT, UNAUTHORIZED, UNAVAILABLE, BAD_REQUEST = range(8)
 INTERRUPTED = 130  # the shell's code for SIGINT

@@ -22,7 +22,7 @@ from aiohttp import web
 from ..config import Settings
 from ..console import STATIC
 from ..protocol import caching
-from .subscriptions import RESERVED
+from ..protocol.namespace import RESERVED
 
 log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

@@ -32,6 +32,7 @@ from ..protocol.headers import (
 )
 from ..protocol.jsonmode import body_entries
 from ..protocol.models import CreateSpec
+from ..protocol.namespace import RESERVED
 from ..redis_io import keys
 from ..telemetry import metrics
 from . import live
@@ -39,7 +40,6 @@ from .bodies import read_body
 from .context import gateway_of
 from .guard import principal_of
 
-_RESERVED = "__ds"  # the protocol's control namespace (subscriptions): not served
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -58,7 +58,7 @@ def stream_name(path: str, max_length: int) -> str:
     if any(segment in (".", "..") for segment in path.split("/")):
         # Clients and proxies resolve dot segments: such a name would address another stream.
         raise bad_request("stream path has a '.' or '..' segment")
-    if path.split("/", 1)[0] == _RESERVED:
+    if path.split("/", 1)[0] == RESERVED:
         raise ProtocolError(404, "reserved path")
     return path
 

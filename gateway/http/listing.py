@@ -26,12 +26,12 @@ from ..protocol import offsets
 from ..protocol.access import Principal
 from ..protocol.errors import ProtocolError
 from ..protocol.listing import Position, check_listable, encode_cursor, parse_query, readable_prefixes
+from ..protocol.namespace import RESERVED
 from ..redis_io import keys
 from ..streams.store import Store
 from .context import gateway_of
 from .guard import principal_of
 from .handlers import options_stream, stream_name
-from .subscriptions import RESERVED
 
 
 async def list_streams(request: web.Request) -> web.Response:

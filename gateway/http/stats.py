@@ -30,11 +30,12 @@ from ..config import Settings
 from ..features.stats import DEFAULT_MINUTES, MAX_MINUTES, Recorder
 from ..protocol.errors import ProtocolError
 from ..protocol.listing import check_listable, readable_prefixes
+from ..protocol.namespace import RESERVED
 from ..redis_io import keys
 from . import console
 from .context import GATEWAY, gateway_of
 from .handlers import options_stream, stream_name
-from .subscriptions import RESERVED, control_path
+from .subscriptions import control_path
 
 log = logging.getLogger(__name__)
 RECORDER = web.AppKey("stats_recorder", Recorder)

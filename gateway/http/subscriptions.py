@@ -24,6 +24,7 @@ from aiohttp import web
 from ..features.subscriptions import TOKEN_TTL_MS, Link, not_found
 from ..protocol import access, ssrf
 from ..protocol.errors import coded
+from ..protocol.namespace import RESERVED
 from ..protocol.subscriptions import (
     SubscriptionConfig,
     check_token,
@@ -43,7 +44,6 @@ from .context import gateway_of
 from .guard import principal_of
 from .handlers import public_url
 
-RESERVED = "__ds"
 JWKS_PATH = f"{RESERVED}/jwks.json"
 DNS_TIMEOUT_SECONDS = 5.0
 MAX_CONTROL_BODY = 1024 * 1024  # a subscription's JSON: 1,000 paths of 1 KB at most

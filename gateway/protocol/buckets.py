@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 
 from .errors import coded  # Ursula's code words (e.g. bucket_not_empty) in a JSON body
+from .namespace import RESERVED
 
 DEFAULT_BUCKET = "_default"
 MAX_PATH_BYTES = 122  # a stream id, and bucket + "/" + stream id, at most (Ursula's limit)
@@ -20,10 +21,10 @@ LISTING = "streams"  # /{bucket}/streams lists the bucket: no stream may be name
 _BUCKET = re.compile(r"[a-z0-9_-]{4,64}")
 # Names the server's own routes take (/healthz, /readyz, /metrics, /auth/sign), and the
 # protocol's reserved namespace (no stream may be named under __ds/).
-RESERVED = frozenset({"healthz", "readyz", "metrics", "auth", "__ds"})
+RESERVED_BUCKETS = frozenset({"healthz", "readyz", "metrics", "auth", RESERVED})
 
 
-def validate_bucket(name: str, reserved: frozenset[str] = RESERVED) -> str:
+def validate_bucket(name: str, reserved: frozenset[str] = RESERVED_BUCKETS) -> str:
     """400 unless ``name`` matches ``[a-z0-9_-]{4,64}`` and is no name of the server's
     own routes (``reserved``)."""
     if not _BUCKET.fullmatch(name):

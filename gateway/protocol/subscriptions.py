@@ -21,6 +21,7 @@ from jwt.types import Options
 
 from . import offsets
 from .errors import ProtocolError, coded
+from .namespace import RESERVED
 
 DEFAULT_LEASE_TTL_MS = 30_000
 MIN_LEASE_TTL_MS = 1_000  # the spec: "from 1 second to 10 minutes"
@@ -35,7 +36,6 @@ MAX_ID_CHARS = 200
 MAX_PATTERN_SEGMENTS = 32
 MAX_DESCRIPTION_CHARS = 1024
 MAX_WORKER_CHARS = 200
-RESERVED_SEGMENT = "__ds"  # the control-API prefix (section 6): never an application stream
 
 SubscriptionType = Literal["webhook", "pull-wake"]
 _TYPES: tuple[SubscriptionType, ...] = ("webhook", "pull-wake")
@@ -72,8 +72,8 @@ def normalize_path(path: str) -> str:
     if _CONTROL.search(stripped):
         raise _invalid(f"a stream path must not contain control characters: {_show(stripped)}")
     segments = stripped.split("/")
-    if segments[0] == RESERVED_SEGMENT:
-        raise _invalid(f"stream paths under {RESERVED_SEGMENT}/ are reserved: {_show(stripped)}")
+    if segments[0] == RESERVED:
+        raise _invalid(f"stream paths under {RESERVED}/ are reserved: {_show(stripped)}")
     for segment in segments:
         if segment in ("", ".", ".."):
             raise _invalid(f"a stream path must not contain empty, '.' or '..' segments: {_show(stripped)}")
