@@ -24,7 +24,7 @@
 -- crash after it cannot lose the wake; the first such append since the workers
 -- last took it also publishes the outbox's name on the wake channel.
 -- Publishes (publish() in _prelude.lua) one notice per changed stream on its notify channel:
---   "<old tail> <new tail> <closed 0|1>", plus for small appends
+--   "<old tail> <new tail> <closed 0|1> t<ms of the script>", plus for small appends
 --   " <size>,<size>,...\n<data><data>..." (gateway/protocol/notices.py), a size being an
 --   entry's length, or "<length>:<positions>" for a JSON entry of several messages.
 -- Each append runs under pcall: an error in one (a corrupt key, a refusal such
@@ -59,7 +59,7 @@ local function finish_stream(m, old_tail, was_closed, appended)
   touch(m, now, 0)
   if m.exp and not m.ttl then apply_expiry(m) end  -- a new log key needs the deadline too
   if m.tail ~= old_tail or m.closed ~= was_closed then
-    local notice = old_tail .. ' ' .. m.tail .. (m.closed and ' 1' or ' 0')
+    local notice = old_tail .. ' ' .. m.tail .. (m.closed and ' 1' or ' 0') .. ' t' .. fmt(now)
     if #appended > 0 and tonumber(m.tail) - tonumber(old_tail) <= tonumber(ARGV[1]) then
       local sizes, datas = {}, {}
       for k, index in ipairs(appended) do

@@ -32,7 +32,7 @@ return with_stream(now, function(m)
   commit(m, at, sseq, close, tuple, pid, ep, sq)
   touch(m, now, 0)
   if m.exp and not m.ttl then apply_expiry(m) end  -- a new log key needs the deadline too
-  publish(old_tail .. ' ' .. m.tail .. (close and ' 1' or ' 0'))
+  publish(old_tail .. ' ' .. m.tail .. (close and ' 1' or ' 0') .. ' t' .. fmt(now))
   record_for_subscribers(false)
   return {'ok', m.tail, close and '1' or '0', m.created}
 end)

@@ -77,6 +77,36 @@ async def test_requests_appends_live_and_redis_are_counted(http, gateway, url):
     assert not any(url.rsplit("/", 1)[1] in str(key) for key in after)
 
 
+async def test_fanout_delay_is_sampled_for_parked_and_woken_readers(http, gateway, url) -> None:
+    """A parked SSE reader (the listener writes to it) and a long-poll reader (woken, it
+    reads and answers) each add a sample of ds_fanout_delay_seconds, near zero here."""
+    kind = {"Content-Type": "text/plain"}
+    async with http.put(url, headers=kind) as r:
+        assert r.status == 201
+    before = await scrape(http, gateway)
+    sse = await http.get(url, params={"offset": "now", "live": "sse"})
+    await sse.content.readline()
+    poll = asyncio.create_task(http.get(url, params={"offset": "now", "live": "long-poll"}))
+    try:
+        await asyncio.sleep(0.5)  # both registered and waiting (the SSE one parked)
+        async with http.post(url, data=b"hello", headers=kind) as r:
+            assert r.status == 204
+        async with await poll as r:
+            assert r.status == 200 and await r.read() == b"hello"
+        count_name = "ds_fanout_delay_seconds_count"
+        for _ in range(50):
+            after = await scrape(http, gateway)
+            count = value(after, count_name) - value(before, count_name)
+            if count >= 2:
+                break
+            await asyncio.sleep(0.05)
+        assert count >= 2
+        total = value(after, "ds_fanout_delay_seconds_sum") - value(before, "ds_fanout_delay_seconds_sum")
+        assert 0 <= total < 5
+    finally:
+        sse.close()
+
+
 def _families(text: str) -> dict[str, Any]:
     return {family.name: family for family in text_string_to_metric_families(text)}
 

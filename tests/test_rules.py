@@ -327,6 +327,14 @@ class TestNotices:
         for bad in (b"deleted", b"5 12 0 3,4\nabc", b"x y z", b""):
             assert notices.parse(bad) is None
 
+    def test_the_time_of_publication_rides_along(self) -> None:
+        n = notices.parse(b"5 12 0 t1764230000123 3,4\nabcdefg")
+        assert n == notices.Notice(5, 12, False, ((5, b"abc"), (8, b"defg")), 1764230000123)
+        assert notices.parse(b"5 99 0 t17") == notices.Notice(5, 99, False, None, 17)
+        assert notices.parse(b"7 7 1 t17") == notices.Notice(7, 7, True, (), 17)
+        assert notices.parse(b"5 12 0 3,4\nabcdefg").sent_ms is None  # a build before the field
+        assert notices.parse(b"5 12 0 tx 3,4\nabcdefg") is None
+
     def test_json_groups_are_split_into_messages(self) -> None:
         # a JSON entry of three messages (7 stored bytes, 5 positions) beside a plain one
         n = notices.parse(b"10 17 0 7:5,2\n1\n22\n33[]")

@@ -134,6 +134,8 @@ async def long_poll(
                     recheck = True
                     await asyncio.sleep(_RETRY_SECONDS)
                     continue
+                if chunk.entries and not recheck:
+                    watch.delivered()  # woken, and answering with what the notice announced
                 recheck = False
                 if chunk.entries or chunk.meta.closed:
                     break
@@ -239,6 +241,8 @@ async def sse(
                 unread = False
                 if chunk.entries or chunk.eof:
                     await send(chunk)
+                    if chunk.entries:
+                        watch.delivered()
             if not chunk.eof:  # cycle over or shutting down: say where to resume
                 await write(control(chunk))
     except ProtocolError:

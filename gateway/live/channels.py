@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from ..protocol import notices
+from ..telemetry import metrics
 
 
 @dataclass
@@ -55,6 +56,7 @@ class Channel:
     notified_at: float = 0.0  # time.monotonic() of the last notice or (re)subscription
     recent: notices.Recent = field(default_factory=notices.Recent)
     parked: dict[asyncio.Event, Sink] = field(default_factory=dict)
+    sent_ms: int | None = None  # Redis' clock when the newest notice was published (notices.py)
 
     def confirm(self) -> None:
         """Redis confirmed the subscription (a first one, or after a reconnect or a move to
@@ -90,6 +92,9 @@ class Channel:
             return
         for notice in batch:
             self.recent.add(notice)
+            if notice is not None and notice.sent_ms is not None:
+                self.sent_ms = notice.sent_ms
+        wrote = False
         deliveries: dict[int, notices.Delivery | None] = {}  # sinks mostly share a position
         frames: dict[tuple[Hashable, int], bytes] = {}
         parked = self.parked
@@ -117,10 +122,20 @@ class Channel:
             except (OSError, RuntimeError):  # the connection just went: its task cleans up
                 event.set()
                 continue
+            wrote = True
             sink.position = delivery.tail
             if delivery.closed:
                 sink.closed = True
                 event.set()
+        if wrote:
+            fanout_delay(self.sent_ms)
+
+
+def fanout_delay(sent_ms: int | None) -> None:
+    """One sample of ds_fanout_delay_seconds: from the notice's publication to now (wall
+    clocks of Redis and of this host: skew between them shows here; clamped at 0)."""
+    if sent_ms is not None:
+        metrics.FANOUT_DELAY.observe(max(0.0, time.time() - sent_ms / 1000))
 
 
 class Watch:
@@ -155,6 +170,10 @@ class Watch:
             return await self.wait(timeout)
         finally:
             del self._channel.parked[self._event]
+
+    def delivered(self) -> None:
+        """This reader, woken, wrote what it read: a sample of the fan-out delay."""
+        fanout_delay(self._channel.sent_ms)
 
     @property
     def stopping(self) -> bool:

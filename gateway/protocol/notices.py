@@ -1,11 +1,14 @@
 """The "tail moved" notices append.lua publishes, and stitching them together.
 
-A notice is ``<old tail> <new tail> <closed 0|1>``; for appends no larger
-than the configured threshold it goes on with `` <size>,<size>,...\\n`` and the
-entries' bytes, so readers woken by it need no Redis read at all. A size is an
-entry's length, or ``<length>:<positions>`` for a JSON entry of several messages
+A notice is ``<old tail> <new tail> <closed 0|1> t<ms>``, ``<ms>`` being Redis' clock
+when the script ran (the write's acknowledgement follows at once: what the fan-out delay
+is measured from); for appends no larger than the configured threshold it goes on with
+`` <size>,<size>,...\\n`` and the entries' bytes, so readers woken by it need no Redis read
+at all. A size is an entry's length, or ``<length>:<positions>`` for a JSON entry of several messages
 (entries.py), split into its messages here. ``deleted`` (from delete.lua) and
-anything unparsable carry no data: readers re-read.
+anything unparsable carry no data: readers re-read. Notices of builds before the time
+field have none (``sent_ms`` None); such a build reads a timed notice as unparsable, so
+during a rolling update its readers re-read Redis rather than miss anything.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ class Notice:
     tail: int
     closed: bool
     entries: tuple[tuple[int, bytes], ...] | None  # None: too large to ride along
+    sent_ms: int | None = None  # Redis' clock when the script published it (ms since the epoch)
 
 
 @dataclass(frozen=True)
@@ -43,8 +47,12 @@ def parse(message: bytes) -> Notice | None:
     parts = head.split(b" ")
     try:
         old_tail, tail, closed = int(parts[0]), int(parts[1]), parts[2] == b"1"
+        sent_ms = None
+        if len(parts) > 3 and parts[3][:1] == b"t":
+            sent_ms = int(parts[3][1:])
+            del parts[3]
         if len(parts) < 4:
-            return Notice(old_tail, tail, closed, None if tail > old_tail else ())
+            return Notice(old_tail, tail, closed, None if tail > old_tail else (), sent_ms)
         entries: list[tuple[int, bytes]] = []
         pos, offset = old_tail, 0
         for size in parts[3].split(b","):
@@ -64,7 +72,7 @@ def parse(message: bytes) -> Notice | None:
         return None
     if not newline or pos != tail or offset != len(data):
         return None
-    return Notice(old_tail, tail, closed, tuple(entries))
+    return Notice(old_tail, tail, closed, tuple(entries), sent_ms)
 
 
 def stitch(notices: Iterable[Notice | None], start: int) -> Delivery | None:

@@ -55,6 +55,13 @@ REQUEST_SECONDS = Histogram(
 APPENDS = Counter("ds_appends_total", "Appends acknowledged (POSTs that added data)")
 APPENDED_BYTES = Counter("ds_appended_bytes_total", "Bytes of acknowledged appends")
 LIVE_CONNECTIONS = Gauge("ds_live_connections", "Open live reads", ["mode"], multiprocess_mode="livesum")
+FANOUT_DELAY = Histogram(
+    "ds_fanout_delay_seconds",
+    "Time from an append's script (Redis' clock: its acknowledgement follows at once) to a live "
+    "reader's response write: one sample per woken reader, one per stream and notice batch for the "
+    "readers the pub/sub listener writes to itself (the last one's)",
+    buckets=(*_FAST, 5.0, 10.0),
+)
 SUBSCRIPTIONS = Gauge(
     "ds_pubsub_subscriptions", "Streams this gateway is subscribed to", multiprocess_mode="livesum"
 )
