@@ -1,5 +1,5 @@
--- _prelude.lua: helpers shared by every script here. gateway/storage/scripts.py
--- puts this text in front of each script before loading it, so helpers are
+-- _prelude.lua: helpers shared by every script here. gateway/redis_io/lua.py
+-- puts this text in front of each script before it is loaded, so helpers are
 -- written once. Every script gets the same KEYS, all of one stream (one hash tag;
 -- append.lua gets them for several streams and binds each in turn):
 --   KEYS[1] meta (hash)   KEYS[2] log (stream)   KEYS[3] producers (hash)
@@ -19,7 +19,7 @@
 -- Forks: 'uid' names this incarnation in its forks' chains (set by fork_ref.lua
 -- when first forked); a fork has 'src', 'chain' and 'chain_uids' (what it
 -- reads from which ancestor incarnation), 'src_uid', and 'weak' if it does
--- not pin its source (gateway/storage/forks.py). FORKS holds pinning forks only.
+-- not pin its source (gateway/streams/forks.py). FORKS holds pinning forks only.
 -- Positions are byte positions in the stream; the log entry that starts at
 -- position P has the id "P-1" (0-0 is not a valid stream id).
 local META, LOG, PROD, FORKS, CHANNEL, SEGS = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[7]
@@ -27,9 +27,9 @@ local META, LOG, PROD, FORKS, CHANNEL, SEGS = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 -- slot's outbox (the last key) and the channel that wakes the workers (ARGV).
 local SUBS, OUTBOX, WAKE = KEYS[6], KEYS[#KEYS], ''
 -- How notices go out: on Redis Cluster, sharded pub/sub (SPUBLISH reaches only the
--- slot's shard, where the stream's readers subscribe: gateway/storage/fanout.py),
+-- slot's shard, where the stream's readers subscribe: gateway/live/fanout.py),
 -- except on Redis < 7 (no sharded pub/sub, and no REDIS_VERSION_NUM); else PUBLISH.
--- CLUSTER is set by gateway/storage/scripts.py when it loads the scripts.
+-- CLUSTER is set by gateway/redis_io/lua.py for the scripts of a cluster.
 local CLUSTER = false --[[cluster]]
 local function publish(notice)
   if CLUSTER and redis.REDIS_VERSION_NUM then

@@ -1,6 +1,6 @@
 -- _subs.lua: helpers of the subscription scripts (sub_*.lua), put after the
--- prelude in front of each (gateway/storage/scripts.py). Every sub_* script
--- gets one subscription's keys (gateway/storage/keys.py sub_keys, one hash tag):
+-- prelude in front of each (gateway/redis_io/lua.py). Every sub_* script
+-- gets one subscription's keys (gateway/redis_io/keys.py sub_keys, one hash tag):
 --   KEYS[1] state (hash)  KEYS[2] links (hash)  KEYS[3] pending (hash)
 --   KEYS[4] its group's due schedule (sorted set: subscription id -> ms)
 -- state: cfg (JSON), hash, created_at (ISO), created_ms (Redis' clock, as streams'

@@ -1,5 +1,5 @@
 -- append.lua: POST. Appends that reached a gateway together
--- (gateway/storage/appends.py), to one or more streams: each checked and applied in
+-- (gateway/streams/appends.py), to one or more streams: each checked and applied in
 -- order exactly as if it came alone (closure, content type, idempotent producer,
 -- If-Match, Stream-Expected-Offset and Stream-Seq checks, in that order: see
 -- append_one), committed together with its data. A condition is checked against the
@@ -7,24 +7,29 @@
 -- KEYS: the five stream keys (_prelude.lua) of each stream and its subscription
 --   links (keys.stream_subs), one stream after another, then the outbox of the
 --   slot (keys.subs_outbox). On Redis Cluster every stream of a call hashes to
---   one slot: the gateway splits a batch by slot (gateway/storage/appends.py).
--- ARGV: 1 largest amount of appended bytes that rides along in a notice,
---   2 the channel that wakes subscription workers,
---   then per stream (in KEYS order): its number of appends, then per append:
---   content type normalized ('' when the body is empty), '1' to close after
---   appending, Stream-Seq ('' none), producer id ('' none), producer epoch,
---   producer seq, If-Match ('' none; else as gateway/protocol/conditions.py encodes
---   it, see if_match), Stream-Expected-Offset as a position ('' none), the token of a
---   large append written in steps ('' none: see PEND_MS in _prelude.lua; this call
---   writes its first part) and the positions the whole of it takes, entry count k, and
---   the k entries (none = close-only), each as two arguments: the positions it takes,
---   its bytes (add_entries in _prelude.lua; gateway/protocol/entries.py).
+--   one slot: the gateway splits a batch by slot (gateway/streams/appends.py).
+-- ARGV: 1 notice_bytes: largest amount of appended bytes that rides along in a notice,
+--   2 wake_channel: the channel that wakes subscription workers,
+--   3.. streams: per stream (in KEYS order), a group (ARGV streams).
+-- ARGV streams: 1 append_count: its number of appends, 2.. appends: that many appends,
+--   a group each (ARGV appends).
+-- ARGV appends: 1 media_type: content type normalized ('' when the body is empty),
+--   2 close: '1' to close after appending, 3 stream_seq: Stream-Seq ('' none),
+--   4 producer_id: producer id ('' none), 5 producer_epoch: producer epoch,
+--   6 producer_seq: producer seq, 7 if_match: If-Match ('' none; else as
+--   gateway/protocol/conditions.py encodes it, see if_match),
+--   8 expected_offset: Stream-Expected-Offset as a position ('' none),
+--   9 token: the token of a large append written in steps ('' none: see PEND_MS in
+--   _prelude.lua; this call writes its first part), 10 total: the positions the whole
+--   of it takes, 11 entry_count: entry count k, 12.. entries: the k entries (none =
+--   close-only), each as two arguments: the positions it takes, its bytes (add_entries
+--   in _prelude.lua; gateway/protocol/entries.py).
 -- A stream with subscribers (its links exist) whose tail moved is put in the
 -- outbox for the subscription workers (workers/delivery.py), in this script: a
 -- crash after it cannot lose the wake; the first such append since the workers
 -- last took it also publishes the outbox's name on the wake channel.
 -- Publishes (publish() in _prelude.lua) one notice per changed stream on its notify channel:
---   "<old tail> <new tail> <closed 0|1> t<ms of the script>", plus for small appends
+--   "<old tail> <new tail> <closed 0|1>", plus for small appends
 --   " <size>,<size>,...\n<data><data>..." (gateway/protocol/notices.py), a size being an
 --   entry's length, or "<length>:<positions>" for a JSON entry of several messages.
 -- Each append runs under pcall: an error in one (a corrupt key, a refusal such
@@ -33,7 +38,8 @@
 -- only at its first one, so a failed append has written nothing unless the
 -- error hit between its writes (reported as 'partial'; not seen in practice).
 -- Returns one result per append, in ARGV order:
---   {'ok', tail, closed, created}   appended / closed (created: the incarnation, for the ETag)
+--   {'ok', tail, closed[, created]}  appended / closed (created: the incarnation, for the
+--                                    ETag; none when a close-only append found it closed)
 --   {'pending', tail}               a large append's first part is written (append_part.lua goes on)
 --   {'busy', until}                 a large append is under way (until: ms): send again later
 --   {'dup', tail, closed, epoch, seq} producer retry, already applied
@@ -44,7 +50,7 @@
 --   {'ct_mismatch'} {'bad_epoch_seq'}
 --   {'stale_epoch', epoch}  {'seq_gap', expected, received}
 --   {'missing'} {'gone'}
---   {'error', 'none' | 'partial', message}  failed; 'none': nothing written
+--   {'error', written, message}  failed; written 'none': nothing written, else 'partial'
 local now = now_ms()
 local results = {}
 WAKE = ARGV[2]

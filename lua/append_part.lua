@@ -3,10 +3,12 @@
 -- step commits them all at once, as append.lua commits an append (the tail moves, with
 -- the append's Stream-Seq, close and producer state; a notice without data; subscribers).
 -- KEYS: the five stream keys, its subscription links (keys.stream_subs), its slot's outbox.
--- ARGV: 1 the writer's token, 2 'part' | 'last' | 'abort' (drop what was written),
---   3 '1' to close, 4 Stream-Seq ('' none), 5 producer id ('' none), 6 producer epoch,
---   7 producer seq, 8 the channel that wakes subscription workers, 9.. entries (pairs:
---   the positions each takes, its bytes; as append.lua's).
+-- ARGV: 1 token: the writer's token, 2 step: 'part' | 'last' | 'abort' (drop what was
+--   written), 3 close: '1' to close, 4 stream_seq: Stream-Seq ('' none),
+--   5 producer_id: producer id ('' none), 6 producer_epoch: producer epoch,
+--   7 producer_seq: producer seq, 8 wake_channel: the channel that wakes subscription
+--   workers, 9.. entries: entries (pairs: the positions each takes, its bytes; as
+--   append.lua's).
 -- Returns {'ok', tail, closed, created} (committed) | {'more'} | {'lost'} (this append
 --   is no longer under way: rolled back after PEND_MS of silence, or aborted)
 --   | {'missing'} | {'gone'}

@@ -4,7 +4,7 @@
 -- Fenced: reconciliation asks it under the stream's lease, then removes.
 -- KEYS: the stream's five (see _prelude.lua), KEYS[6] the lease,
 --   KEYS[7] the segment set of incarnation ARGV[2] (unused).
--- ARGV: 1 lease token, 2 incarnation.
+-- ARGV: 1 token: lease token, 2 incarnation: the incarnation asked about.
 -- Returns {'live'} | {'dead'} | {'lost'} (the lease is not this worker's).
 if not holds_lease() then return {'lost'} end
 if not incarnation(ARGV[2]) then return {'dead'} end

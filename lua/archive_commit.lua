@@ -2,9 +2,10 @@
 -- move the log's start to its end, and trim the Redis Stream below that.
 -- KEYS: the stream's five (see _prelude.lua), KEYS[6] the lease,
 --   KEYS[7] the segment set of incarnation ARGV[2] (keys.segments).
--- ARGV: 1 lease token, 2 incarnation, 3 the pending member (as staged).
--- Returns {'ok', replaced member or ''} (a replaced file is now garbage, score
---   -2, for the worker to delete) | {'committed'} (already recorded: a retried
+-- ARGV: 1 token: lease token, 2 incarnation: the stream's incarnation, 3 member: the
+--   pending member (as staged).
+-- Returns {'ok', replaced (the replaced member, or '')} (a replaced file is now garbage,
+--   score -2, for the worker to delete) | {'committed'} (already recorded: a retried
 --   call whose first reply was lost; the file must stay) | {'missing'} (the
 --   stream or its staging is gone) | {'lost'} (the lease is not this
 --   worker's: another may be redoing the same file; nothing changed).

@@ -5,7 +5,8 @@
 -- worker that lost its lease asks it before deleting a file it wrote late.
 -- KEYS: the stream's five (see _prelude.lua), KEYS[6] the lease (unused),
 --   KEYS[7] the segment set of incarnation ARGV[2] (keys.segments).
--- ARGV: 1 lease token (unused), 2 incarnation, 3.. files.
+-- ARGV: 1 token: lease token (unused), 2 incarnation: the files' incarnation,
+--   3.. files: the files asked about.
 -- Returns the files to keep (none when the incarnation is dead: its stream
 --   is gone, so no read reaches its files).
 if not incarnation(ARGV[2]) then return {} end

@@ -2,9 +2,10 @@
 -- entry was appended before the cutoff; reads below the new floor get 410.
 -- KEYS: the stream's five (see _prelude.lua), KEYS[6] the lease,
 --   KEYS[7] the segment set of incarnation ARGV[2] (keys.segments).
--- ARGV: 1 lease token, 2 incarnation, 3 cutoff (ms).
--- Returns {'ok', {dropped members}} (now garbage, score -2, for the worker to
---   delete) | {'lost'} (the lease is not this worker's).
+-- ARGV: 1 token: lease token, 2 incarnation: the stream's incarnation,
+--   3 cutoff_ms: the cutoff (ms).
+-- Returns {'ok', dropped (the dropped members: now garbage, score -2, for the worker to
+--   delete)} | {'lost'} (the lease is not this worker's).
 if not holds_lease() then return {'lost'} end
 local inc, cutoff = ARGV[2], tonumber(ARGV[3])
 if not incarnation(inc) then return {'ok', {}} end

@@ -3,10 +3,11 @@
 -- and file name (the file is overwritten, never duplicated).
 -- KEYS: the stream's five (see _prelude.lua), KEYS[6] the lease,
 --   KEYS[7] the segment set of incarnation ARGV[2] (keys.segments).
--- ARGV: 1 lease token, 2 incarnation (the stream's, or a fresh one if it has
---   none), 3 from, 4 to, 5 first append ms, 6 last append ms, 7 file. `from`
---   is where the log starts (meta arch, else base), or the start of the last
---   segment, which the new file then replaces (merging small files).
+-- ARGV: 1 token: lease token, 2 incarnation: the stream's incarnation (or a fresh one
+--   if it has none), 3 start: from, 4 end: to, 5 first_ms: first append ms,
+--   6 last_ms: last append ms, 7 file: the file. `start` is where the log starts
+--   (meta arch, else base), or the start of the last segment, which the new file then
+--   replaces (merging small files).
 -- Returns {'ok'} | {'busy', pending member} | {'moved'} (state changed under
 --   the worker: plan again) | {'missing'} | {'lost'} (the lease is not this
 --   worker's).

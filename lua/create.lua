@@ -1,24 +1,25 @@
 -- create.lua: PUT. Creates the stream, or answers for an existing one.
--- ARGV: 1 content type as given, 2 content type normalized, 3 TTL seconds
---   ('' none), 4 Expires-At in ms ('' none), 5 Expires-At as given,
---   6 '1' to create closed, 7 fork source id ('' not a fork), 8 fork offset
---   the client gave ('' none: not compared), 9 fork offset to record,
---   10 fork sub-offset, 11 base position (where this stream's own log
---   starts: the fork point, else 0), 12 fork read chain (JSON: the ranges
---   inherited, [[ancestor id, from, to], ...], oldest first), 13 the
---   incarnation of each of those ancestors (JSON: [their meta 'uid', ...],
---   recorded as 'chain_uids'; a fork made before incarnations were has none),
---   14 the source's incarnation (its 'uid', recorded as 'src_uid'; '' not a
---   fork), 15 '1' for a weak fork (recorded as 'weak': not in its source's
---   FORKS, see fork_ref.lua), 16 '1' when a subscription worker runs (the new
---   stream goes in the outbox, to be matched; else only if it has links), 17 the
---   channel that wakes subscription workers, 18 If-Match ('' none; else as for
---   append.lua: the prelude's if_match), 19.. initial entries (pairs: the positions
---   each takes, its bytes; see add_entries).
+-- ARGV: 1 content_type: content type as given, 2 media_type: content type normalized,
+--   3 ttl_seconds: TTL seconds ('' none), 4 expires_at_ms: Expires-At in ms ('' none),
+--   5 expires_at: Expires-At as given, 6 closed: '1' to create closed,
+--   7 fork_source: fork source id ('' not a fork), 8 given_offset: fork offset the
+--   client gave ('' none: not compared), 9 fork_offset: fork offset to record,
+--   10 fork_sub_offset: fork sub-offset, 11 base: base position (where this stream's
+--   own log starts: the fork point, else 0), 12 chain: fork read chain (JSON: the ranges
+--   inherited, [[ancestor id, from, to], ...], oldest first), 13 chain_uids: the
+--   incarnation of each of those ancestors (JSON: [their meta 'uid', ...], recorded as
+--   'chain_uids'; a fork made before incarnations were has none), 14 source_uid: the
+--   source's incarnation (its 'uid', recorded as 'src_uid'; '' not a fork), 15 weak: '1'
+--   for a weak fork (recorded as 'weak': not in its source's FORKS, see fork_ref.lua),
+--   16 workers_alive: '1' when a subscription worker runs (the new stream goes in the
+--   outbox, to be matched; else only if it has links), 17 wake_channel: the channel that
+--   wakes subscription workers, 18 if_match: If-Match ('' none; else as for append.lua:
+--   the prelude's if_match), 19.. entries: initial entries (pairs: the positions each
+--   takes, its bytes; see add_entries).
 -- KEYS: the five stream keys, 6 its subscription links, 7 its slot's stream index
 --   (keys.stream_index: the stream is listed there while it lives), 8 its slot's outbox.
--- Returns {'created', meta} | {'exists', meta} | {'conflict', source id of the
---   existing stream or ''} | {'precondition_failed', tail, created} (If-Match names
+-- Returns {'created', meta} | {'exists', meta} | {'conflict', source (the existing
+--   stream's source id, or '')} | {'precondition_failed', tail, created} (If-Match names
 --   another state; tail and created '' when there is no stream: it is not made).
 local ct, ctn, ttl, exp_at, expires, closed = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local src, fork_off, fork_sub, base, chain = ARGV[7], ARGV[8], ARGV[10], ARGV[11], ARGV[12]

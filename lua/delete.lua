@@ -6,10 +6,10 @@
 --   (it leaves the listing, soft-deleted too), 8 its slot's outbox: a stream with
 --   subscribers goes in the outbox, so the workers drop its glob links (spec 6.1: a
 --   deleted stream leaves the pattern's; explicit links stay).
--- ARGV: 1 the channel that wakes subscription workers.
--- Returns {'deleted', source id or '', the source incarnation (meta 'src_uid')
---   or '', its snapshot's blob file (storage/snapshots.py) or ''} | {'soft'} |
---   {'missing'} | {'gone'}.
+-- ARGV: 1 wake_channel: the channel that wakes subscription workers.
+-- Returns {'deleted', source (its source id, or ''), source_uid (the source
+--   incarnation, meta 'src_uid', or ''), snapshot_file (its snapshot's blob file,
+--   gateway/features/snapshots.py, or '')} | {'soft'} | {'missing'} | {'gone'}.
 WAKE = ARGV[1]
 local INDEX = KEYS[7]
 return with_stream(now_ms(), function(m)

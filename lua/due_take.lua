@@ -1,7 +1,8 @@
 -- due_take.lua: a subscription worker takes subscriptions whose time came from a
 -- group's schedule (keys.sub_keys [4]: id -> when, ms), holding each for a while
 -- (sub_step.lua then says what is due; a worker that dies leaves it due again).
--- KEYS: 1 the schedule. ARGV: 1 at most how many, 2 hold ms.
+-- KEYS: 1 the schedule.
+-- ARGV: 1 most: at most how many, 2 hold_ms: hold ms.
 -- Returns the subscription ids taken.
 local due_key = KEYS[1]
 local now = now_ms()

@@ -1,18 +1,18 @@
 -- fork_ref.lua: run on a fork's source before the fork is created (and on the
 -- ancestors of an old chain, see 'stamp').
--- ARGV: 1 the fork's id, 2 how: 'pin' records the fork in FORKS (a set, so
+-- ARGV: 1 fork: the fork's id, 2 how: 'pin' records the fork in FORKS (a set, so
 --   retries count once), which holds the source's data: deleted or expired, the
 --   source is only soft-deleted while FORKS is not empty; 'weak' records
 --   nothing (a weak fork holds nothing: the source goes as if unforked, and the
 --   fork's chain names this incarnation, so its reads refuse whatever holds the
 --   path later); 'stamp' only gives the stream an incarnation id, soft-deleted
 --   included (the ancestors of a chain recorded before incarnations were),
---   3 a fresh incarnation id: stored as meta 'uid' if the stream has none yet
+--   3 uid: a fresh incarnation id: stored as meta 'uid' if the stream has none yet
 --   (uid is set once, the first time a stream is forked, and names this
 --   incarnation in its forks' chains; a stream at the same path later gets
 --   another).
--- Returns {'ok', source meta, '1' if this call added the fork to FORKS else '0'}
---   | {'missing'} | {'gone'} (never for 'stamp').
+-- Returns {'ok', meta (the source's), added ('1' if this call added the fork to FORKS,
+--   else '0')} | {'missing'} | {'gone'} (never for 'stamp').
 local how, now = ARGV[2], now_ms()
 local m, status = open_stream(now)
 if status == 'missing' or (status == 'gone' and how ~= 'stamp') then return {status} end

@@ -2,7 +2,8 @@
 -- step (`durable-streams migrate`'s step to layout v3 rewrites offsets kept in
 -- subscription hashes: a delivery worker that changed a field meanwhile wins).
 -- KEYS: 1 the hash.
--- ARGV: triples field, the value read, the new value.
+-- ARGV: 1.. swaps: a group per field (ARGV swaps).
+-- ARGV swaps: 1 field: the field, 2 read: the value read, 3 new: the new value.
 -- Returns how many fields were set.
 local set = 0
 for i = 1, #ARGV, 3 do

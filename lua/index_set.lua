@@ -1,6 +1,7 @@
 -- index_set.lua: the pattern index (keys.SUBS_INDEX: subscription id -> pattern) and
 -- its version (raised on every change: workers and gateways reload it then).
--- KEYS: 1 the index, 2 its version. ARGV: 1 id, 2 pattern ('' to remove).
+-- KEYS: 1 the index, 2 its version.
+-- ARGV: 1 sub_id: subscription id, 2 pattern: its pattern ('' to remove).
 -- Returns the version.
 local index, version = KEYS[1], KEYS[2]
 if ARGV[2] == '' then

@@ -1,7 +1,8 @@
 -- outbox_done.lua: a stream's subscriptions were told of its tail `seen`: it leaves
 -- the outbox, unless it moved since (then it is due again at once).
--- KEYS: 1 the outbox, 2 the stream's meta. ARGV: 1 stream id, 2 the tail seen ('' the
---   stream was gone: a stream that is still gone, soft-deleted or expired, leaves too).
+-- KEYS: 1 the outbox, 2 the stream's meta.
+-- ARGV: 1 stream_id: stream id, 2 seen: the tail seen ('' the stream was gone: a stream
+--   that is still gone, soft-deleted or expired, leaves too).
 -- Returns 1 if it left the outbox.
 local outbox, meta = KEYS[1], KEYS[2]
 local m = redis.call('HMGET', meta, 'tail', 'deleted', 'exp')

@@ -1,13 +1,14 @@
 -- rate_limit.lua: take tokens from token buckets (--rate-limits; shared by
 -- every gateway, so it runs on Redis' clock, never a caller's). One call takes
--- for every request a gateway process had waiting (storage/ratelimit.py
+-- for every request a gateway process had waiting (gateway/features/ratelimit.py
 -- batches them), in order; the same bucket may appear more than once.
 -- KEYS[i] a bucket (keys.rate_bucket; not a stream's key: the prelude's names
 -- for KEYS[1..5] go unused): a hash of 't' (tokens) and 'ts' (when they were
 -- counted, ms), expiring once the bucket would be full again, so an idle
 -- bucket is simply a missing key, which counts as full.
--- ARGV: for each key, 3 values: rate (tokens per second), burst (the bucket's
--- size), both > 0; cost (tokens to take).
+-- ARGV: 1.. takes: a group per key, in KEYS order (ARGV takes).
+-- ARGV takes: 1 rate: tokens per second, 2 burst: the bucket's size (both > 0),
+--   3 cost: tokens to take.
 -- Returns one number per key: 0 taken, or the ms until the cost will be there
 -- (nothing taken; unless others take tokens meanwhile).
 -- A cost above the burst takes a full bucket (it could never be there, and

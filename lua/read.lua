@@ -1,12 +1,12 @@
 -- read.lua: one consistent look at a stream: its metadata and own entries.
--- ARGV: 1 start position (-1: metadata only), 2 byte budget, 3 '1' when this
---   read refreshes a sliding TTL (GET does, HEAD does not), 4 most bytes to
---   return inline (more: the 'bulk' answer of read_from), 5 most entries to
---   return (bounds the script's work).
--- Returns {'ok', meta, entries[, flag, incarnation]} with entries = {pos,
---   data, ...} from max(start, base); or none, 'archived' and the incarnation
---   whose segment set holds that position when it is below the log; or none and
---   'bulk' (see read_from) | {'missing'} | {'gone'}.
+-- ARGV: 1 start: start position (-1: metadata only), 2 budget: byte budget,
+--   3 refresh: '1' when this read refreshes a sliding TTL (GET does, HEAD does not),
+--   4 inline_bytes: most bytes to return inline (more: the 'bulk' answer of read_from),
+--   5 max_entries: most entries to return (bounds the script's work).
+-- Returns {'ok', meta, entries[, flag, incarnation]} with entries = {pos, data, ...}
+--   from max(start, base); or none, flag 'archived' and the incarnation whose segment
+--   set holds that position when it is below the log; or none and flag 'bulk' (see
+--   read_from) | {'missing'} | {'gone'}.
 local start, budget, inline = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[4])
 local now = now_ms()
 return with_stream(now, function(m)

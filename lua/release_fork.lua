@@ -1,14 +1,14 @@
 -- release_fork.lua: run on a source when one of its forks is gone (deleted,
 -- or its creation failed). The last release of a deleted or expired source
 -- removes it; the caller then releases that source's own source.
--- ARGV: 1 the fork's id, 2 the source incarnation (meta 'uid') the fork was
---   made from ('' for a fork made before incarnations were recorded: this one).
+-- ARGV: 1 fork: the fork's id, 2 source_uid: the source incarnation (meta 'uid') the
+--   fork was made from ('' for a fork made before incarnations were recorded: this one).
 --   Another incarnation at the path (the fork's source was removed, then a new
 --   stream created there: the fork was weak) is not the fork's: nothing is done.
 --   A weak fork is not in FORKS: its release removes nothing, and collects only
 --   a source that is already dead (expired, not yet resolved).
--- Returns {'collected', source's own source id or '', the incarnation of it
---   this source was made from or ''} | {'kept'}.
+-- Returns {'collected', source (the source's own source id, or ''), source_uid (the
+--   incarnation of it this source was made from, or '')} | {'kept'}.
 local now = now_ms()
 local m = load_meta()
 if m and ARGV[2] ~= '' and m.uid ~= ARGV[2] then return {'kept'} end

@@ -3,11 +3,12 @@
 -- longer the application's to replay: the stream's floor moves up to it (reads below
 -- answer 410; -1 starts there), as retention's does.
 -- KEYS: the five stream keys (see _prelude.lua).
--- ARGV: 1 the incarnation the blob was written for (meta 'created'), 2 the snapshot's
---   position, 3 its content type, 4 its blob's file (in the archive store).
--- Returns {'ok', the replaced snapshot's file or '', tail} | {'missing'} | {'gone'} |
---   {'stale', the newer (or same) snapshot's position} | {'range', tail} (beyond the
---   tail) | {'trimmed', floor} (below what is retained).
+-- ARGV: 1 created: the incarnation the blob was written for (meta 'created'),
+--   2 position: the snapshot's position, 3 content_type: its content type, 4 file: its
+--   blob's file (in the archive store).
+-- Returns {'ok', replaced (the replaced snapshot's file, or ''), tail} | {'missing'} |
+--   {'gone'} | {'stale', position (the newer, or same, snapshot's)} | {'range', tail}
+--   (beyond the tail) | {'trimmed', floor} (below what is retained).
 local pos = tonumber(ARGV[2])
 return with_stream(now_ms(), function(m)
   if m.created ~= ARGV[1] then return {'missing'} end  -- deleted and made again meanwhile

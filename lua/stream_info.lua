@@ -2,10 +2,11 @@
 -- the index mended: a stream gone (expired, deleted outside delete.lua) leaves it.
 -- Reads only otherwise: no sliding TTL is refreshed (listing is not reading).
 -- KEYS: the five stream keys, 6 its slot's stream index (keys.stream_index).
--- ARGV: 1 how many idempotent producers to return at most (0: none).
--- Returns {'ok', meta, time of the last entry in the Redis log (ms) or '', how many
---   producers it has, {id, 'epoch:seq', ...} (HGETALL when they fit, else one HSCAN
---   page)} | {'missing'} | {'gone'} (both: taken out of the index).
+-- ARGV: 1 producers: how many idempotent producers to return at most (0: none).
+-- Returns {'ok', meta, last_ms (time of the last entry in the Redis log, ms, or ''),
+--   producer_count (how many producers it has), producers (flat {id, 'epoch:seq', ...}:
+--   HGETALL when they fit, else one HSCAN page)} | {'missing'} | {'gone'} (both: taken
+--   out of the index).
 local INDEX = KEYS[6]
 local most = tonumber(ARGV[1] or '0')
 local m, status = open_stream(now_ms())

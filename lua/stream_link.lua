@@ -1,9 +1,12 @@
 -- stream_link.lua: a stream's side of its subscription links (keys.stream_subs), kept
--- by whoever links or unlinks it on the subscription's side (storage/subscriptions.py);
--- append.lua and create.lua look at it to know the stream has subscribers.
+-- by whoever links or unlinks it on the subscription's side
+-- (gateway/features/subscriptions.py, workers/delivery.py); append.lua and create.lua
+-- look at it to know the stream has subscribers.
 -- KEYS: 1 the stream's links.
--- ARGV: 1 the incarnation matched against the patterns ('' leave as is), then pairs
---   (subscription id, types: 'e' | 'g' | 'eg', '' to unlink).
+-- ARGV: 1 incarnation: the incarnation matched against the patterns ('' leave as is),
+--   2.. links: a group per subscription (ARGV links).
+-- ARGV links: 1 sub_id: subscription id, 2 types: its link types 'e' | 'g' | 'eg', ''
+--   to unlink.
 -- Returns the number of links left.
 local links = KEYS[1]
 if ARGV[1] ~= '' then redis.call('HSET', links, '_inc', ARGV[1]) end

@@ -4,8 +4,10 @@
 -- KEYS: 1 the stream's meta, 2 its links (keys.stream_subs: subscription id ->
 --   'e' | 'g' | 'eg', plus field '_inc': the incarnation last matched against
 --   the patterns).
--- Returns {state 'ok'|'missing'|'gone', tail ('' unless ok), incarnation
---   (meta 'created', '' unless ok), links flat {id, types, ...}}.
+-- ARGV: none.
+-- Returns {state, tail, incarnation, links}: state 'ok' | 'missing' | 'gone', tail
+--   ('' unless ok), incarnation (meta 'created', '' unless ok), links flat
+--   (id, types, ...).
 local meta, links = KEYS[1], KEYS[2]
 local m = redis.call('HMGET', meta, 'tail', 'created', 'deleted', 'exp')
 local state = 'ok'

@@ -1,14 +1,16 @@
 -- sub_ack.lua: a wake's holder acks, heartbeats, finishes or releases it (spec 7.1
 -- callback, 7.2 ack and release), fenced by generation and wake id (spec 7.3).
 -- KEYS: the subscription's (_subs.lua).
--- ARGV: 1 'callback' (webhook) | 'ack' | 'release' (pull-wake), 2 generation,
---   3 wake id, 4 '1' done, 5 a fresh wake id, then per ack: path, offset, the
+-- ARGV: 1 mode: 'callback' (webhook) | 'ack' | 'release' (pull-wake),
+--   2 generation: generation, 3 wake_id: wake id, 4 done: '1' done, 5 new_wake_id: a
+--   fresh wake id, 6.. acks: a group per ack (ARGV acks).
+-- ARGV acks: 1 path: the stream's path, 2 offset: the offset acked, 3 tail: the
 --   stream's tail read just before ('' unknown).
 -- Acks are checked before any applies: an unlinked stream, an offset below the
 -- acked one or beyond the tail fails the request whole ('invalid_offset').
 -- Without done (and not a release) the lease is extended (heartbeat).
 -- Returns {'missing'} | {'wrong_type'} | {'fenced'} | {'invalid_offset', why}
---   | {'ok', '1' if a new wake began | '0'}.
+--   | {'ok', new_wake ('1' if a new wake began, else '0')}.
 if redis.call('EXISTS', S) == 0 then return {'missing'} end
 local mode = ARGV[1]
 if (mode == 'callback') ~= (sget('type') == 'webhook') then return {'wrong_type'} end

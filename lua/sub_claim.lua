@@ -1,12 +1,14 @@
 -- sub_claim.lua: POST __ds/subscriptions/:id/claim (pull-wake, spec 7.2): a worker
 -- takes the lease of the subscription's wake (one begins if work is pending).
 -- KEYS: the subscription's (_subs.lua).
--- ARGV: 1 the worker's name, 2 a fresh wake id, then per linked stream its tail
---   read just before: path, tail, incarnation (so the claim sees every append
---   acknowledged before it, not only what the worker has told it of).
+-- ARGV: 1 worker: the worker's name, 2 new_wake_id: a fresh wake id, 3.. streams: per
+--   linked stream its tail read just before, a group each (ARGV streams; so the claim
+--   sees every append acknowledged before it, not only what the worker has told it of).
+-- ARGV streams: 1 path: the stream's path, 2 tail: its tail, 3 incarnation: its
+--   incarnation.
 -- Returns {'missing'} | {'wrong_type'} | {'busy', holder, generation} | {'idle'}
---   (no pending work) | {'claimed', generation, wake id, lease ms, streams flat
---   {path, types, acked, tail, ...}}.
+--   (no pending work) | {'claimed', generation, wake_id, lease_ms, streams (flat
+--   {path, types, acked, tail, ...})}.
 if redis.call('EXISTS', S) == 0 then return {'missing'} end
 if sget('type') ~= 'pull-wake' then return {'wrong_type'} end
 local now = now_ms()

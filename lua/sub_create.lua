@@ -1,11 +1,13 @@
 -- sub_create.lua: PUT __ds/subscriptions/:id. Creates the subscription, or
 -- re-confirms one created with the same configuration (its hash).
 -- KEYS: the subscription's (_subs.lua).
--- ARGV: 1 id, 2 configuration (JSON), 3 its hash, 4 created_at (ISO), 5 type,
---   6 lease ms, 7 '1' if it has a pattern (existing streams are linked by a
---   worker: 'backfill'), 8 the stream root URL it was created through (callback
---   URLs are built on it), then per explicit stream: path, acked offset (its
---   tail now), incarnation.
+-- ARGV: 1 sub_id: id, 2 config: configuration (JSON), 3 config_hash: its hash,
+--   4 created_at: created_at (ISO), 5 kind: type, 6 lease_ms: lease ms, 7 pattern: '1'
+--   if it has a pattern (existing streams are linked by a worker: 'backfill'),
+--   8 base_url: the stream root URL it was created through (callback URLs are built
+--   on it), 9.. streams: a group per explicit stream (ARGV streams).
+-- ARGV streams: 1 path: the stream's path, 2 tail: its acked offset (its tail now),
+--   3 incarnation: its incarnation.
 -- Returns {'created'} | {'same'} | {'conflict'}.
 local id = ARGV[1]
 local hash = sget('hash')

@@ -2,13 +2,13 @@
 -- links (the API) and glob links (the worker: new streams matching the pattern,
 -- and the pattern's existing streams after creation).
 -- KEYS: the subscription's (_subs.lua).
--- ARGV: 1 op: 'add' | 'remove', 2 link type 'e' | 'g', then per stream: path, its
---   tail, incarnation (its meta 'created', ms) (remove: the path alone). A new
+-- ARGV: 1 op: 'add' | 'remove', 2 kind: link type 'e' | 'g', 3.. streams: per stream:
+--   path, its tail, incarnation (its meta 'created', ms) (remove: the path alone). A new
 --   explicit link starts at the tail (spec 6.4); a new glob link at -1 (before the
 --   first byte) if the stream was made after the subscription, else at the tail (6.2).
 -- An added stream already linked keeps its cursor and gains the type; a removed
 -- type leaves the other (a glob link stays when the explicit one goes).
--- Returns {'missing'} | {'ok', types left per stream ('' unlinked)}.
+-- Returns {'missing'} | {'ok', types... (the types left per stream, '' unlinked)}.
 if redis.call('EXISTS', S) == 0 then return {'missing'} end
 local op, kind = ARGV[1], ARGV[2]
 local step = op == 'add' and 3 or 1

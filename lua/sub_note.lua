@@ -2,9 +2,11 @@
 -- (from the outboxes); what is above a stream's acked offset is pending, and an idle
 -- subscription with pending work gets a new wake (spec 7).
 -- KEYS: the subscription's (_subs.lua).
--- ARGV: 1 a fresh wake id (used if a wake begins), then per stream: path, tail,
+-- ARGV: 1 new_wake_id: a fresh wake id (used if a wake begins), 2.. streams: a group
+--   per stream (ARGV streams).
+-- ARGV streams: 1 path: the stream's path, 2 tail: its tail, 3 incarnation: its
 --   incarnation (a stream created anew starts over: its acked offset goes back to -1).
--- Returns {'gone'} (no such subscription) | {'ok', types per stream ('' not linked)}.
+-- Returns {'gone'} (no such subscription) | {'ok', types... (per stream, '' not linked)}.
 if redis.call('EXISTS', S) == 0 then return {'gone'} end
 local now = now_ms()
 expire_lease(now, ARGV[1])

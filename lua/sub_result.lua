@@ -2,13 +2,14 @@
 -- the worker still holds it (its token) and the wake is still current: a worker
 -- paused past its hold, or a wake ended meanwhile, changes nothing (fencing).
 -- KEYS: the subscription's (_subs.lua).
--- ARGV: 1 what: 'done' (the webhook answered {"done": true}: its snapshot is acked,
+-- ARGV: 1 outcome: 'done' (the webhook answered {"done": true}: its snapshot is acked,
 --   spec 7.1) | 'accepted' (2xx: the receiver calls back) | 'failed' (retried after
---   ARGV 5 ms) | 'emitted' (pull-wake events written) | 'backfilled', 2 the
---   worker's token, 3 generation (backfilled: the subscription's created_ms the
---   worker linked for: a backfill is idempotent, so any pass of this subscription
---   completes it, however long it took), 4 wake id, 5 retry delay ms, 6 a fresh wake id.
--- Returns {'ok', '1' if a new wake began | '0'} | {'fenced'}.
+--   retry_ms) | 'emitted' (pull-wake events written) | 'backfilled', 2 token: the
+--   worker's token, 3 generation: generation (backfilled: the subscription's created_ms
+--   the worker linked for: a backfill is idempotent, so any pass of this subscription
+--   completes it, however long it took), 4 wake_id: wake id, 5 retry_ms: retry delay
+--   ms, 6 new_wake_id: a fresh wake id.
+-- Returns {'ok', new_wake ('1' if a new wake began, else '0')} | {'fenced'}.
 local what, token, gen, wake = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 if redis.call('EXISTS', S) == 0 then return {'fenced'} end
 local now = now_ms()

@@ -1,14 +1,18 @@
 -- sub_step.lua: a subscription's time came (its group's schedule): what the worker
 -- does now. Expired leases are cleared first (a new wake if work is pending).
 -- KEYS: the subscription's (_subs.lua).
--- ARGV: 1 id, 2 a fresh wake id, 3 the worker's fresh token (fencing between workers),
---   4 how long the worker holds a delivery (ms), 5 how long it holds a backfill.
+-- ARGV: 1 sub_id: id, 2 new_wake_id: a fresh wake id, 3 token: the worker's fresh token
+--   (fencing between workers), 4 hold_ms: how long the worker holds a delivery (ms),
+--   5 backfill_hold_ms: how long it holds a backfill (ms).
 -- Returns one of
 --   {'gone'} | {'idle'} | {'wait'}            nothing to do now
---   {'backfill', cfg}                         link the pattern's existing streams, then sub_result
---                                             'backfilled' (the wake is looked at in the next step)
---   {'deliver', gen, wake, cfg, attempts, streams, base}   POST the webhook, then sub_result
---   {'emit', gen, wake, cfg, streams, attempts}   write pull-wake events, then sub_result
+--   {'backfill', config}                      link the pattern's existing streams, then
+--                                             sub_result 'backfilled' (the wake is looked
+--                                             at in the next step)
+--   {'deliver', generation, wake_id, config, attempts, streams, base_url}
+--                                             POST the webhook, then sub_result
+--   {'emit', generation, wake_id, config, streams, attempts}
+--                                             write pull-wake events, then sub_result
 -- streams: flat {path, types, acked, tail, ...} of the wake's snapshot.
 local id, token, hold, backfill_hold = ARGV[1], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
 if redis.call('EXISTS', S) == 0 then

@@ -79,6 +79,36 @@ from gateway.protocol.subscriptions import (
 from gateway.protocol.webhooks import SigningKey, signature_header
 from gateway.redis_io import keys
 from gateway.redis_io.connections import scan_pages
+from gateway.redis_io.contracts import (
+    DUE_TAKE,
+    OUTBOX_DONE,
+    OUTBOX_TAKE,
+    STREAM_LINK,
+    STREAM_SUBS,
+    SUB_LINKS,
+    SUB_NOTE,
+    SUB_RESULT,
+    SUB_STEP,
+    DueTakeArgv,
+    OutboxDoneArgv,
+    OutboxTakeArgv,
+    OutboxTaken,
+    PathTail,
+    StreamLink,
+    StreamLinkArgv,
+    StreamSubs,
+    SubBackfill,
+    SubDeliver,
+    SubEmit,
+    SubLinked,
+    SubLinksArgv,
+    SubNoteArgv,
+    SubResultArgv,
+    SubStepArgv,
+    SubWoke,
+    groups,
+    status_of,
+)
 from gateway.redis_io.outcomes import UNAVAILABLE
 from gateway.redis_io.preflight import Preflight
 from gateway.redis_io.scripts import Scripts, connect_scripts, replica_ack
@@ -351,8 +381,8 @@ class Delivery:
 
     async def drain_outbox(self, key: str) -> tuple[int, bool]:
         """(entries taken, whether one is due again at once: its tail moved meanwhile)."""
-        taken = await self.scripts.run("outbox_take", [key], [BATCH, HOLD_MS])
-        entries = [(text(taken[i]), int(float(taken[i + 1]))) for i in range(0, len(taken), 2)]
+        taken = await self.scripts.run(OUTBOX_TAKE.name, [key], [*OutboxTakeArgv(BATCH, HOLD_MS)])
+        entries = [(text(t.stream_id), int(float(t.recorded_ms))) for t in groups(OutboxTaken, taken)]
         done = await asyncio.gather(*(self._stream(key, sid, recorded) for sid, recorded in entries))
         return len(entries), not all(done)
 
@@ -361,13 +391,14 @@ class Delivery:
         first, if it is new), then let its outbox entry go; False if it stays (moved)."""
         meta, links_key = keys.stream_keys(sid)[0], keys.stream_subs(sid)
         try:
-            state, tail, inc, flat = await self.scripts.run("stream_subs", [meta, links_key], [])
-            state, tail, inc = text(state), text(tail), text(inc)
+            subs = StreamSubs(*await self.scripts.run(STREAM_SUBS.name, [meta, links_key], []))
+            state, tail, inc = text(subs.state), text(subs.tail), text(subs.incarnation)
             if state == "ok":
-                await self._tell(sid, links_key, tail, inc, flat_pairs(flat))
+                await self._tell(sid, links_key, tail, inc, flat_pairs(subs.links))
             else:
-                await self._forget(sid, links_key, flat_pairs(flat))
-            left = await self.scripts.run("outbox_done", [outbox, meta], [sid, tail if state == "ok" else ""])
+                await self._forget(sid, links_key, flat_pairs(subs.links))
+            done = OutboxDoneArgv(sid, tail if state == "ok" else "")
+            left = await self.scripts.run(OUTBOX_DONE.name, [outbox, meta], [*done])
             metrics.WAKE_LAG.observe(max(0.0, (now_ms() - recorded) / 1000))
             return bool(left)
         except Exception as exc:  # left to the hold's expiry: taken again
@@ -383,12 +414,16 @@ class Delivery:
             new = [s for s in self.index.match(path) if s not in links]
             added = await self._link(path, new, tail, inc)
             if added or links:  # (no link at all: no key to keep, stream_link would drop it again)
-                await self.scripts.run("stream_link", [links_key], [inc, *_pairs(added, "1")])
+                await self.scripts.run(
+                    STREAM_LINK.name, [links_key], [*StreamLinkArgv(inc), *_pairs(added, "1")]
+                )
             links.update(dict.fromkeys(added, "1"))
         gone = []
         for sub in links:
-            result = await self.subs.call("sub_note", sub, new_wake_id(), path, tail, inc)
-            if result[0] == "gone" or result[1] == "":
+            result = await self.subs.call(
+                SUB_NOTE.name, sub, *SubNoteArgv(new_wake_id()), *PathTail(path, tail, inc)
+            )
+            if status_of(result) == "gone" or SubLinked.of(result).types[0] == "":
                 gone.append(sub)
         if gone:  # deleted subscriptions, removed links: appends stop recording for them
             await self._unlink(links_key, gone, path, tail, inc)
@@ -397,14 +432,16 @@ class Delivery:
         """The streams' side of links the subscriptions no longer have; then each is asked
         again (a subscription made anew, or the stream added back, between the two steps
         wrote its side first): linked after all, the stream's side is restored."""
-        await self.scripts.run("stream_link", [links_key], ["", *_pairs(gone, "")])
+        await self.scripts.run(STREAM_LINK.name, [links_key], [*StreamLinkArgv(""), *_pairs(gone, "")])
         back = []
         for sub in gone:
-            result = await self.subs.call("sub_note", sub, new_wake_id(), path, tail, inc)
-            if result[0] == "ok" and result[1] != "":
+            result = await self.subs.call(
+                SUB_NOTE.name, sub, *SubNoteArgv(new_wake_id()), *PathTail(path, tail, inc)
+            )
+            if status_of(result) == "ok" and SubLinked.of(result).types[0] != "":
                 back.append(sub)
         if back:
-            await self.scripts.run("stream_link", [links_key], ["", *_pairs(back, "1")])
+            await self.scripts.run(STREAM_LINK.name, [links_key], [*StreamLinkArgv(""), *_pairs(back, "1")])
 
     async def _forget(self, sid: str, links_key: str, links: dict[str, str]) -> None:
         """A deleted stream leaves the patterns' links (explicit ones stay: a stream made
@@ -413,11 +450,11 @@ class Delivery:
         path = keys.path_of(sid)
         gone = []
         for sub in links:
-            result = await self.subs.call("sub_links", sub, "remove", "g", path)
-            if result[0] == "missing" or result[1] == "":
+            result = await self.subs.call(SUB_LINKS.name, sub, *SubLinksArgv("remove", "g"), path)
+            if status_of(result) == "missing" or SubLinked.of(result).types[0] == "":
                 gone.append(sub)
         if gone:
-            await self.scripts.run("stream_link", [links_key], ["", *_pairs(gone, "")])
+            await self.scripts.run(STREAM_LINK.name, [links_key], [*StreamLinkArgv(""), *_pairs(gone, "")])
 
     async def _link(self, path: str, subs: list[str], tail: str, inc: str) -> list[str]:
         """Glob links on the subscriptions' side (before the first byte if the stream was
@@ -425,8 +462,10 @@ class Delivery:
         A subscription that does not is dropped from the index (deleted meanwhile)."""
         added = []
         for sub in subs:
-            result = await self.subs.call("sub_links", sub, "add", "g", path, tail, inc)
-            if result[0] == "ok":
+            result = await self.subs.call(
+                SUB_LINKS.name, sub, *SubLinksArgv("add", "g"), *PathTail(path, tail, inc)
+            )
+            if status_of(result) == "ok":
                 added.append(sub)
             elif sub in self._patterns and await self.subs.get(sub) is None:
                 await self.subs.set_pattern(sub, None)
@@ -438,7 +477,7 @@ class Delivery:
         free = self.settings.webhook_concurrency - len(self.tasks)
         if free <= 0:
             return 0
-        taken = await self.scripts.run("due_take", [key], [min(BATCH, free), HOLD_MS])
+        taken = await self.scripts.run(DUE_TAKE.name, [key], [*DueTakeArgv(min(BATCH, free), HOLD_MS)])
         for sub in taken:
             await self.slots.acquire()
             self._spawn(self._guarded("a subscription step", self.step(text(sub))))
@@ -447,36 +486,39 @@ class Delivery:
     async def step(self, sub: str) -> None:
         token = uuid.uuid4().hex
         hold_ms = int(self.settings.webhook_timeout * 1000) + 5000
-        result = await self.subs.call("sub_step", sub, sub, new_wake_id(), token, hold_ms, BACKFILL_HOLD_MS)
-        action = result[0]
+        argv = SubStepArgv(sub, new_wake_id(), token, hold_ms, BACKFILL_HOLD_MS)
+        result = await self.subs.call(SUB_STEP.name, sub, *argv)
+        action = status_of(result)
         if action == "deliver":
-            _, gen, wake, cfg, attempts, streams, base = result
-            config = SubscriptionConfig.from_json(cfg.encode())
-            outcome = await self.deliver(sub, int(gen), wake, config, wake_streams(streams), base)
-            delay = retry_delay_ms(int(attempts) + 1) if outcome == "failed" else 0
-            result = await self.subs.call("sub_result", sub, outcome, token, gen, wake, delay, new_wake_id())
-            if result[1:] == ["1"]:
+            step = SubDeliver(*result)
+            config = SubscriptionConfig.from_json(step.config.encode())
+            outcome = await self.deliver(
+                sub, int(step.generation), step.wake_id, config, wake_streams(step.streams), step.base_url
+            )
+            delay = retry_delay_ms(int(step.attempts) + 1) if outcome == "failed" else 0
+            told = SubResultArgv(outcome, token, step.generation, step.wake_id, delay, new_wake_id())
+            result = await self.subs.call(SUB_RESULT.name, sub, *told)
+            if status_of(result) == "ok" and SubWoke(*result).new_wake == "1":
                 self.wake.set()
         elif action == "emit":
-            _, gen, wake, cfg, streams, attempts = result
-            config = SubscriptionConfig.from_json(cfg.encode())
-            ok = await self.emit(sub, int(gen), config, wake_streams(streams))
-            delay = 0 if ok else retry_delay_ms(int(attempts or 0) + 1)
-            await self.subs.call(
-                "sub_result", sub, "emitted" if ok else "failed", token, gen, wake, delay, new_wake_id()
-            )
+            emit = SubEmit(*result)
+            config = SubscriptionConfig.from_json(emit.config.encode())
+            ok = await self.emit(sub, int(emit.generation), config, wake_streams(emit.streams))
+            delay = 0 if ok else retry_delay_ms(int(emit.attempts or 0) + 1)
+            outcome = "emitted" if ok else "failed"
+            told = SubResultArgv(outcome, token, emit.generation, emit.wake_id, delay, new_wake_id())
+            await self.subs.call(SUB_RESULT.name, sub, *told)
         elif action == "backfill":  # waits for a pass over the keyspace: not in a delivery slot
-            config = SubscriptionConfig.from_json(result[1].encode())
+            config = SubscriptionConfig.from_json(SubBackfill(*result).config.encode())
             self._spawn_free(self._guarded_backfill(sub, token, config))
             self.wake.set()  # its wake, if any, is looked at in the next step
 
     async def _guarded_backfill(self, sub: str, token: str, config: SubscriptionConfig) -> None:
         try:
             created = await self.backfill(sub, config)
-            result = await self.subs.call(
-                "sub_result", sub, "backfilled", token, created, "", 0, new_wake_id()
-            )
-            if result[0] == "fenced" and await self.subs.get(sub) is None:  # deleted meanwhile
+            told = SubResultArgv("backfilled", token, created, "", 0, new_wake_id())
+            result = await self.subs.call(SUB_RESULT.name, sub, *told)
+            if status_of(result) == "fenced" and await self.subs.get(sub) is None:  # deleted meanwhile
                 await self.subs.set_pattern(sub, None)
         except Exception as exc:  # left to the hold's expiry: another pass
             limited.log(logging.ERROR, "backfill", "linking a pattern's streams failed", exc_info=exc)
@@ -658,18 +700,19 @@ class Delivery:
         stream's side may name a deleted subscription of the same id), then tell them its
         tail read after the link exists (an append between is then recorded or seen)."""
         meta, links_key = keys.stream_keys(sid)[0], keys.stream_subs(sid)
-        state, tail, inc, _ = await self.scripts.run("stream_subs", [meta, links_key], [])
-        if text(state) != "ok":
+        found = StreamSubs(*await self.scripts.run(STREAM_SUBS.name, [meta, links_key], []))
+        if text(found.state) != "ok":
             return
-        added = await self._link(path, subs, offsets.encode(int(text(tail))), text(inc))
+        added = await self._link(path, subs, offsets.encode(int(text(found.tail))), text(found.incarnation))
         if not added:
             return
-        await self.scripts.run("stream_link", [links_key], ["", *_pairs(added, "1")])
-        state, tail, inc, _ = await self.scripts.run("stream_subs", [meta, links_key], [])
-        if text(state) == "ok":
-            tail = offsets.encode(int(text(tail)))
+        await self.scripts.run(STREAM_LINK.name, [links_key], [*StreamLinkArgv(""), *_pairs(added, "1")])
+        found = StreamSubs(*await self.scripts.run(STREAM_SUBS.name, [meta, links_key], []))
+        if text(found.state) == "ok":
+            tail = offsets.encode(int(text(found.tail)))
             for sub in added:
-                await self.subs.call("sub_note", sub, new_wake_id(), path, tail, text(inc))
+                note = PathTail(path, tail, text(found.incarnation))
+                await self.subs.call(SUB_NOTE.name, sub, *SubNoteArgv(new_wake_id()), *note)
 
 
 def linkable(path: str) -> bool:
@@ -682,9 +725,10 @@ def linkable(path: str) -> bool:
 
 
 def _pairs(subs: list[str], value: str) -> list[str]:
+    """stream_link.lua's groups: each subscription with ``value`` (its link types, '' unlink)."""
     out: list[str] = []
     for sub in subs:
-        out += [sub, value]
+        out += StreamLink(sub, value)
     return out
 
 

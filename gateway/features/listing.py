@@ -31,6 +31,7 @@ from ..protocol.errors import ProtocolError
 from ..protocol.listing import Position, decode_cursor, encode_cursor
 from ..protocol.models import Meta, text
 from ..redis_io import keys
+from ..redis_io.contracts import STREAM_INFO, StreamInfo, StreamInfoArgv, status_of
 from ..redis_io.scripts import Scripts
 from ..telemetry.logs import RateLimited
 
@@ -106,15 +107,18 @@ class Listing:
                 width = min(width * 2, MAX_WIDTH)
                 end = Position(parts.stop)
             infos = await self.scripts.run_each(
-                "stream_info",
-                [([*keys.stream_keys(sid), self.index(part)], [0]) for part, sid in candidates],
+                STREAM_INFO.name,
+                [
+                    ([*keys.stream_keys(sid), self.index(part)], [*StreamInfoArgv(0)])
+                    for part, sid in candidates
+                ],
             )
             for (part, sid), info in zip(candidates, infos, strict=True):
                 if isinstance(info, Exception):
                     raise info
                 inspected += 1
                 position = Position(part, keys.path_of(sid))
-                if text(info[0]) == "ok" and visible(position.after or ""):
+                if status_of(info) == "ok" and visible(position.after or ""):
                     found.append((position, _listed(sid, info)))
                     if len(found) > limit:
                         return Page([listed for _, listed in found[:limit]], found[limit - 1][0])
@@ -127,8 +131,10 @@ class Listing:
         """One stream as the listing shows it, with up to ``producers`` of its idempotent
         producers' state; None when there is no live stream there."""
         index = keys.stream_index(sid, self.scripts.cluster)
-        info = await self.scripts.run("stream_info", [*keys.stream_keys(sid), index], [producers])
-        return _listed(sid, info) if text(info[0]) == "ok" else None
+        info = await self.scripts.run(
+            STREAM_INFO.name, [*keys.stream_keys(sid), index], [*StreamInfoArgv(producers)]
+        )
+        return _listed(sid, info) if status_of(info) == "ok" else None
 
     async def _ids(
         self, parts: range, position: Position, prefixes: list[bytes], want: int
@@ -172,12 +178,13 @@ def lex_range(prefix: bytes, after: bytes | None) -> tuple[bytes, bytes] | None:
     return b"(" + after, high
 
 
-def _listed(sid: str, info: list[Any]) -> Listed:
-    """From stream_info.lua's {'ok', meta, last entry's time}."""
-    flat = info[1]
+def _listed(sid: str, reply: list[Any]) -> Listed:
+    """From stream_info.lua's {'ok', meta, last_ms, producer_count, producers}."""
+    info = StreamInfo(*reply)
+    flat = info.meta
     fields = {text(flat[i]): text(flat[i + 1]) for i in range(0, len(flat), 2)}
-    last = text(info[2]) if len(info) > 2 and info[2] else ""
-    raw = info[4] if len(info) > 4 else []
+    last = text(info.last_ms) if info.last_ms else ""
+    raw = info.producers
     producers = []
     for i in range(0, len(raw), 2):
         epoch, _, seq = text(raw[i + 1]).partition(":")
@@ -187,7 +194,7 @@ def _listed(sid: str, info: list[Any]) -> Listed:
         meta=Meta.parse(sid, flat),
         expires_at_ms=int(fields["exp"]) if fields.get("exp") else None,
         last_write_ms=int(last) if last else None,
-        producer_count=int(info[3]) if len(info) > 3 else 0,
+        producer_count=int(info.producer_count),
         producers=tuple(sorted(producers, key=lambda p: p.id)),
     )
 

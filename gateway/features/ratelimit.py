@@ -23,6 +23,7 @@ import functools
 from ..concurrency.batching import Batcher
 from ..protocol.quotas import RateRule
 from ..redis_io import keys
+from ..redis_io.contracts import RATE_LIMIT, RateTake
 from ..redis_io.limits import MAX_BATCH_ENTRIES
 from ..redis_io.scripts import Scripts
 
@@ -58,17 +59,18 @@ class RateLimiter:
         parts = self.scripts.by_slot(list(range(len(takes))), lambda i: takes[i][0])
         calls = [self._call(takes, part) for part in parts]
         if len(parts) == 1:
-            return [int(ms) / 1000 for ms in await self.scripts.run("rate_limit", *calls[0])]
+            return [int(ms) / 1000 for ms in await self.scripts.run(RATE_LIMIT.name, *calls[0])]
         waits: list[_Wait] = [0.0] * len(takes)
-        for part, replies in zip(parts, await self.scripts.run_each("rate_limit", calls), strict=True):
+        for part, replies in zip(parts, await self.scripts.run_each(RATE_LIMIT.name, calls), strict=True):
             for n, i in enumerate(part):
                 waits[i] = replies if isinstance(replies, BaseException) else int(replies[n]) / 1000
         return waits
 
     @staticmethod
     def _call(takes: list[_Take], part: list[int]) -> tuple[list[str], list[float]]:
+        """rate_limit.lua's keys and ARGV (no fixed part: a group per key)."""
         args: list[float] = []
         for i in part:
             _key, rate, burst, cost = takes[i]
-            args += (rate, burst, cost)
+            args += RateTake(rate, burst, cost)
         return [takes[i][0] for i in part], args

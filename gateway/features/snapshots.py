@@ -27,6 +27,7 @@ from ..archive.files import Archive
 from ..protocol.errors import ProtocolError
 from ..protocol.models import text
 from ..redis_io import keys
+from ..redis_io.contracts import SNAPSHOT_SET, SnapshotSet, SnapshotSetArgv, status_of
 from ..redis_io.outcomes import not_found
 from ..redis_io.scripts import Scripts
 from ..telemetry.logs import RateLimited
@@ -81,7 +82,7 @@ class Snapshots:
         await asyncio.to_thread(self.archive.put, file, data)
         try:
             result = await self.scripts.on_stream(
-                "snapshot_set", sid, state.created, position, content_type, file
+                SNAPSHOT_SET.name, sid, *SnapshotSetArgv(state.created, position, content_type, file)
             )
         except Exception:
             # Unanswered: it may have been recorded. Its blob goes only if it surely was not
@@ -92,7 +93,7 @@ class Snapshots:
             if recorded is not None:
                 await self._remove(file)
             raise
-        status = text(result[0])
+        status = status_of(result)
         if status != "ok":
             await self._remove(file)
             if status in ("missing", "gone"):
@@ -101,9 +102,10 @@ class Snapshots:
             if status == "trimmed":
                 raise ProtocolError(410, "offset below the data still retained")
             raise ProtocolError(409, detail[status])
-        if text(result[1]):
-            await self._remove(text(result[1]))
-        return int(text(result[2])) if len(result) > 2 else state.tail
+        done = SnapshotSet(*result)
+        if text(done.replaced):
+            await self._remove(text(done.replaced))
+        return int(text(done.tail)) if done.tail is not None else state.tail
 
     async def _recorded(self, sid: str) -> str | None:
         """The blob file the stream's meta names now ('' none); None when that cannot be learned."""

@@ -37,6 +37,35 @@ from ..protocol.subscriptions import (
 )
 from ..protocol.webhooks import SigningKey
 from ..redis_io import keys
+from ..redis_io.contracts import (
+    INDEX_SET,
+    STREAM_LINK,
+    SUB_ACK,
+    SUB_CLAIM,
+    SUB_CREATE,
+    SUB_DELETE,
+    SUB_GET,
+    SUB_LINKS,
+    SUB_NOTE,
+    IndexSetArgv,
+    PathTail,
+    StreamLink,
+    StreamLinkArgv,
+    SubAck,
+    SubAckArgv,
+    SubAckInvalid,
+    SubClaimArgv,
+    SubClaimBusy,
+    SubClaimed,
+    SubCreateArgv,
+    SubDeleteArgv,
+    SubGot,
+    SubLinked,
+    SubLinksArgv,
+    SubNoteArgv,
+    SubWoke,
+    status_of,
+)
 from ..redis_io.scripts import Scripts
 
 log = logging.getLogger(__name__)
@@ -250,7 +279,8 @@ class Subscriptions:
         return self._secret
 
     async def call(self, name: str, sub: str, *args: Any) -> list[Any]:
-        """Script ``name`` on the subscription's keys, its answer's bytes as text."""
+        """Script ``name`` (a subscription's side: contracts.py) on the subscription's keys,
+        its answer's bytes as text."""
         return [
             text(v) if isinstance(v, bytes) else v
             for v in await self.scripts.run(name, self.keys_of(sub), args)
@@ -263,20 +293,18 @@ class Subscriptions:
         tails = await stream_tails(self.scripts, config.streams)
         triples: list[str] = []
         for path in config.streams:
-            triples += [path, tails[path].tail, tails[path].inc]
-        (status,) = await self.call(
-            "sub_create",
-            sub,
-            sub,
-            config.to_json(),
-            config.config_hash(),
-            created_at,
-            config.type,
-            config.lease_ttl_ms,
-            "1" if config.pattern else "0",
-            base,
-            *triples,
+            triples += PathTail(path, tails[path].tail, tails[path].inc)
+        argv = SubCreateArgv(
+            sub_id=sub,
+            config=config.to_json(),
+            config_hash=config.config_hash(),
+            created_at=created_at,
+            kind=config.type,
+            lease_ms=config.lease_ttl_ms,
+            pattern="1" if config.pattern else "0",
+            base_url=base,
         )
+        status = status_of(await self.call(SUB_CREATE.name, sub, *argv, *triples))
         if status == "conflict":
             raise coded(
                 409, "SUBSCRIPTION_ALREADY_EXISTS", "subscription exists with a different configuration"
@@ -300,20 +328,22 @@ class Subscriptions:
         triples: list[str] = []
         for path, tail in tails.items():
             if tail.inc:
-                triples += [path, tail.tail, tail.inc]
+                triples += PathTail(path, tail.tail, tail.inc)
         if triples:
-            await self.call("sub_note", sub, new_wake_id(), *triples)
+            await self.call(SUB_NOTE.name, sub, *SubNoteArgv(new_wake_id()), *triples)
 
     async def set_pattern(self, sub: str, pattern: str | None) -> None:
-        await self.scripts.run("index_set", [keys.SUBS_INDEX, keys.SUBS_INDEX_VERSION], [sub, pattern or ""])
+        argv = IndexSetArgv(sub, pattern or "")
+        await self.scripts.run(INDEX_SET.name, [keys.SUBS_INDEX, keys.SUBS_INDEX_VERSION], [*argv])
 
     async def _link_streams(self, sub: str, types: dict[str, str], inc: str = "") -> None:
         """The streams' side: '1' linked, '' unlinked (one script per stream)."""
         calls = [
-            ([keys.stream_subs(keys.stream_id(path))], [inc, sub, value]) for path, value in types.items()
+            ([keys.stream_subs(keys.stream_id(path))], [*StreamLinkArgv(inc), *StreamLink(sub, value)])
+            for path, value in types.items()
         ]
         if calls:
-            for result in await self.scripts.run_each("stream_link", calls):
+            for result in await self.scripts.run_each(STREAM_LINK.name, calls):
                 if isinstance(result, BaseException):
                     raise result
 
@@ -322,14 +352,15 @@ class Subscriptions:
         await self._link_streams(sub, dict.fromkeys(paths, "1"))
 
     async def get(self, sub: str) -> tuple[dict[str, str], list[Link]] | None:
-        reply = await self.scripts.run("sub_get", self.keys_of(sub), [])
+        reply = await self.scripts.run(SUB_GET.name, self.keys_of(sub), [])
         if not reply:
             return None
-        return flat_pairs(reply[0]), parse_links(reply[1])
+        got = SubGot(*reply)
+        return flat_pairs(got.state), parse_links(got.links)
 
     async def delete(self, sub: str) -> bool:
         """DELETE: its state goes at once; its streams' side is cleaned by the worker."""
-        existed = bool(await self.scripts.run("sub_delete", self.keys_of(sub), [sub]))
+        existed = bool(await self.scripts.run(SUB_DELETE.name, self.keys_of(sub), [*SubDeleteArgv(sub)]))
         await self.set_pattern(sub, None)
         return existed
 
@@ -337,18 +368,18 @@ class Subscriptions:
         tails = await stream_tails(self.scripts, paths)
         triples: list[str] = []
         for path in paths:
-            triples += [path, tails[path].tail, tails[path].inc]
-        result = await self.call("sub_links", sub, "add", "e", *triples)
-        if result[0] == "missing":
+            triples += PathTail(path, tails[path].tail, tails[path].inc)
+        result = await self.call(SUB_LINKS.name, sub, *SubLinksArgv("add", "e"), *triples)
+        if status_of(result) == "missing":
             raise not_found(sub)
         await self._link_streams(sub, {path: "1" for path in paths})
         await self.note_tails(sub, paths)
 
     async def remove_stream(self, sub: str, path: str) -> None:
-        result = await self.call("sub_links", sub, "remove", "e", path)
-        if result[0] == "missing":
+        result = await self.call(SUB_LINKS.name, sub, *SubLinksArgv("remove", "e"), path)
+        if status_of(result) == "missing":
             raise not_found(sub)
-        if result[1] == "":
+        if SubLinked.of(result).types[0] == "":
             await self._link_streams(sub, {path: ""})
 
     # -- wakes ------------------------------------------------------------------
@@ -361,29 +392,30 @@ class Subscriptions:
         tails = await stream_tails(self.scripts, [link.path for link in current[1]])
         observed: list[str] = []
         for path, tail in tails.items():
-            observed += [path, tail.tail, tail.inc]
-        result = await self.call("sub_claim", sub, worker, new_wake_id(), *observed)
-        status = result[0]
+            observed += PathTail(path, tail.tail, tail.inc)
+        result = await self.call(SUB_CLAIM.name, sub, *SubClaimArgv(worker, new_wake_id()), *observed)
+        status = status_of(result)
         if status == "missing":
             raise not_found(sub)
         if status == "wrong_type":
             raise coded(400, "INVALID_REQUEST", "subscription is not pull-wake")
         if status == "busy":
+            busy = SubClaimBusy(*result)
             raise coded(
                 409,
                 "ALREADY_CLAIMED",
                 "another worker holds the lease",
-                current_holder=result[1],
-                generation=int(result[2]),
+                current_holder=busy.holder,
+                generation=int(busy.generation),
             )
         if status == "idle":
             raise coded(409, "NO_PENDING_WORK", "subscription has no pending work")
-        _, gen, wake, ttl, streams = result
+        claimed = SubClaimed(*result)
         return {
-            "generation": int(gen),
-            "wake_id": wake,
-            "lease_ttl_ms": int(ttl),
-            "streams": wake_streams(streams),
+            "generation": int(claimed.generation),
+            "wake_id": claimed.wake_id,
+            "lease_ttl_ms": int(claimed.lease_ms),
+            "streams": wake_streams(claimed.streams),
         }
 
     async def ack(self, mode: str, sub: str, request: AckRequest) -> bool:
@@ -391,18 +423,12 @@ class Subscriptions:
         tails = await stream_tails(self.scripts, [path for path, _ in request.acks]) if request.acks else {}
         triples: list[str] = []
         for path, offset in request.acks:
-            triples += [path, offset, tails[path].tail if tails[path].inc else ""]
-        result = await self.call(
-            "sub_ack",
-            sub,
-            mode,
-            request.generation,
-            request.wake_id,
-            "1" if request.done else "0",
-            new_wake_id(),
-            *triples,
+            triples += SubAck(path, offset, tails[path].tail if tails[path].inc else "")
+        argv = SubAckArgv(
+            mode, request.generation, request.wake_id, "1" if request.done else "0", new_wake_id()
         )
-        status = result[0]
+        result = await self.call(SUB_ACK.name, sub, *argv, *triples)
+        status = status_of(result)
         if status == "missing":
             raise not_found(sub)
         if status == "wrong_type":
@@ -411,8 +437,8 @@ class Subscriptions:
         if status == "fenced":
             raise coded(409, "FENCED", "wake generation is stale")
         if status == "invalid_offset":
-            raise coded(409, "INVALID_OFFSET", result[1])
-        return result[1] == "1"
+            raise coded(409, "INVALID_OFFSET", SubAckInvalid(*result).why)
+        return SubWoke(*result).new_wake == "1"
 
 
 def not_found(sub: str) -> Exception:

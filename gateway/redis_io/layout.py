@@ -39,6 +39,7 @@ from ..protocol import offsets
 from ..telemetry.logs import OneLineError
 from . import keys
 from .connections import Client, every_node, scan_pages
+from .contracts import HASH_SWAP, INDEX_ADD, HashSwap
 from .lua import source
 
 CURRENT = 3  # the newest layout this build reads and writes
@@ -53,7 +54,7 @@ async def index_streams(redis: Client) -> int:
     Returns how many were missing there."""
     added = 0
     cluster = isinstance(redis, RedisCluster)
-    sha = await redis.script_load(source("index_add", cluster))  # on every primary of a cluster
+    sha = await redis.script_load(source(INDEX_ADD.name, cluster))  # on every primary of a cluster
     async for page in scan_pages(redis, keys.META_PATTERN):
         if not page:
             continue
@@ -83,7 +84,7 @@ async def offsets_as_minted_now(redis: Client) -> int:
     JSON body's messages in grouped entries (protocol/entries.py), which builds before it
     would misread: they refuse to start on it. Returns how many offsets were rewritten."""
     swapped = 0
-    sha = await redis.script_load(source("hash_swap", isinstance(redis, RedisCluster)))
+    sha = await redis.script_load(source(HASH_SWAP.name, isinstance(redis, RedisCluster)))
     async for page in scan_pages(redis, keys.META_PATTERN):
         if not page:
             continue
@@ -94,7 +95,7 @@ async def offsets_as_minted_now(redis: Client) -> int:
         for key, value in zip(page, forks, strict=True):
             old = value.decode() if isinstance(value, bytes) else value
             if old and _format_1(old) != old:
-                swapped += int(await redis.evalsha(sha, 1, key, "fork_off", old, _format_1(old)))
+                swapped += int(await redis.evalsha(sha, 1, key, *HashSwap("fork_off", old, _format_1(old))))
     for kind in ("l", "p"):
         async for page in scan_pages(redis, f"{keys.PREFIX}:{{subs.*}}:{kind}:*"):
             for key in page:
@@ -104,7 +105,7 @@ async def offsets_as_minted_now(redis: Client) -> int:
                     old = value.decode() if isinstance(value, bytes) else value
                     new = _format_1(old)
                     if new != old:
-                        swaps += [field.decode() if isinstance(field, bytes) else field, old, new]
+                        swaps += HashSwap(field.decode() if isinstance(field, bytes) else field, old, new)
                 if swaps:
                     swapped += int(await redis.evalsha(sha, 1, key, *swaps))
     return swapped

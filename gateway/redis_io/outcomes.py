@@ -23,6 +23,7 @@ from ..protocol.headers import (
 from ..protocol.models import text
 from ..protocol.responses import current_state
 from ..telemetry.logs import RateLimited
+from .contracts import AppendClosed, AppendConflict, AppendFailed, AppendSeqGap, AppendStaleEpoch
 
 log = logging.getLogger(__name__)
 limited = RateLimited(log)
@@ -93,7 +94,8 @@ _CONFLICTS: dict[str, Callable[[dict[str, str]], ProtocolError]] = {
 def append_error(status: str, result: list[Any], stream_id: str) -> ProtocolError:
     """An append.lua answer other than 'ok' or 'dup', as the client's error."""
     if status == "error":  # append.lua caught a failure of this append alone
-        written, message = text(result[1]), text(result[2])
+        failed = AppendFailed(*result)
+        written, message = text(failed.written), text(failed.message)
         refusal = _REFUSALS.search(message)
         if written == "none" and refusal:
             limited.log(logging.WARNING, "refused", "redis refused an append: %s", message)
@@ -107,21 +109,25 @@ def append_error(status: str, result: list[Any], stream_id: str) -> ProtocolErro
         return ProtocolError(
             409,
             "stream is closed",
-            {STREAM_CLOSED: "true", STREAM_NEXT_OFFSET: offsets.encode(int(result[1]))},
+            {STREAM_CLOSED: "true", STREAM_NEXT_OFFSET: offsets.encode(int(AppendClosed(*result).tail))},
         )
     if status == "ct_mismatch":
         return ProtocolError(409, "content type does not match the stream's")
     if status in _CONFLICTS:  # {status, tail, created}: the stream is open; where it is, to retry from
-        state = current_state(stream_id, text(result[2]), int(result[1]), closed=False)
+        conflict = AppendConflict(*result)
+        state = current_state(stream_id, text(conflict.created), int(conflict.tail), closed=False)
         return _CONFLICTS[status](state)
     if status == "bad_epoch_seq":
         return bad_request("a new producer epoch must start at Producer-Seq 0")
     if status == "stale_epoch":
-        return ProtocolError(403, "stale producer epoch", {PRODUCER_EPOCH: text(result[1])})
+        return ProtocolError(
+            403, "stale producer epoch", {PRODUCER_EPOCH: text(AppendStaleEpoch(*result).epoch)}
+        )
     if status == "seq_gap":
+        gap = AppendSeqGap(*result)
         return ProtocolError(
             409,
             "producer sequence gap",
-            {PRODUCER_EXPECTED_SEQ: text(result[1]), PRODUCER_RECEIVED_SEQ: text(result[2])},
+            {PRODUCER_EXPECTED_SEQ: text(gap.expected), PRODUCER_RECEIVED_SEQ: text(gap.received)},
         )
     return not_found(status)

@@ -33,6 +33,8 @@ from .lua import source
 from .routing import ClusterRoute, DirectRoute, Queue, Route, did_not_run
 
 log = logging.getLogger(__name__)
+# Each one's ARGV and replies: contracts.py (tests/test_script_contracts.py checks that
+# both name the same scripts, and each description against its script's header).
 NAMES = (
     "create",
     "append",

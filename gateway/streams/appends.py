@@ -28,6 +28,17 @@ from ..protocol.headers import Producer
 from ..protocol.models import AppendResult, text
 from ..redis_io import keys
 from ..redis_io.connections import NotSent
+from ..redis_io.contracts import (
+    APPEND,
+    APPEND_PART,
+    AppendArgv,
+    AppendDone,
+    AppendDup,
+    AppendItem,
+    AppendPartArgv,
+    AppendStream,
+    status_of,
+)
 from ..redis_io.limits import APPEND_LANES, BUSY_WAIT_SECONDS, MAX_BATCH_ENTRIES, STEP_BYTES
 from ..redis_io.outcomes import UNAVAILABLE, append_error, outcome_unknown
 from ..redis_io.scripts import Scripts
@@ -48,20 +59,23 @@ class AppendRequest:
     token: str = ""  # a large append's, written in steps ('' none)
     total: int = 0  # the positions the whole of a large append takes
 
-    def producer_args(self) -> list[Any]:
-        p = self.producer
-        return [p.id, p.epoch, p.seq] if p else ["", "", ""]
-
     def script_args(self) -> list[Any]:
-        """This append's part of append.lua's ARGV."""
-        head: list[Any] = [
+        """This append's part of append.lua's ARGV (its group, then its entries)."""
+        p = self.producer
+        item = AppendItem(
             self.media_type,
             "1" if self.close else "0",
             self.stream_seq,
-            *self.producer_args(),
-        ]
-        head += [self.if_match, self.expected_offset, self.token, self.total if self.token else ""]
-        return [*head, len(self.entries), *flatten(self.entries)]
+            p.id if p else "",
+            p.epoch if p else "",
+            p.seq if p else "",
+            self.if_match,
+            self.expected_offset,
+            self.token,
+            self.total if self.token else "",
+            len(self.entries),
+        )
+        return [*item, *flatten(self.entries)]
 
 
 def encoded(args: list[Any]) -> list[bytes]:
@@ -131,15 +145,26 @@ class Appends:
             # arrives while a lane's Redis round trip runs goes in its next one.
             lane = str(zlib.crc32(sid.encode()) % APPEND_LANES)
             result = await _waiting_out_busy(lambda: self._batcher.submit(lane, (sid, request, args)))
-        status = text(result[0])
-        if status in ("ok", "dup"):
+        status = status_of(result)
+        if status == "ok":
+            done = AppendDone(*result)
             return AppendResult(
                 status=status,
-                tail=int(result[1]),
-                closed=text(result[2]) == "1",
+                tail=int(done.tail),
+                closed=text(done.closed) == "1",
                 producer_epoch=producer.epoch if producer else None,
-                producer_seq=int(result[4]) if status == "dup" else (producer.seq if producer else None),
-                created=text(result[3]) if status == "ok" and len(result) > 3 else None,
+                producer_seq=producer.seq if producer else None,
+                created=None if done.created is None else text(done.created),
+            )
+        if status == "dup":
+            dup = AppendDup(*result)
+            return AppendResult(
+                status=status,
+                tail=int(dup.tail),
+                closed=text(dup.closed) == "1",
+                producer_epoch=producer.epoch if producer else None,
+                producer_seq=int(dup.seq),
+                created=None,
             )
         raise append_error(status, result, sid)
 
@@ -153,35 +178,40 @@ class Appends:
         args = encoded(first.script_args())
         call = self._call([(sid, first, args)], [0])
         result = await _waiting_out_busy(lambda: self._run_alone(call))
-        if text(result[0]) != "pending":
+        if status_of(result) != "pending":
             return result  # refused by its checks, a producer's duplicate, ...
-        head = [
+        p = request.producer
+        head = AppendPartArgv(
             first.token,
             "part",
             "1" if request.close else "0",
             request.stream_seq,
-            *request.producer_args(),
-        ]
-        head.append(keys.SUBS_WAKE_CHANNEL)
+            p.id if p else "",
+            p.epoch if p else "",
+            p.seq if p else "",
+            keys.SUBS_WAKE_CHANNEL,
+        )
         script_keys = [
             *keys.stream_keys(sid),
             keys.stream_subs(sid),
             keys.subs_outbox(sid, self.scripts.cluster),
         ]
         for n, part in enumerate(parts[1:], 2):
-            head[1] = "last" if n == len(parts) else "part"
+            head = head._replace(step="last" if n == len(parts) else "part")
             try:
-                result = await self.scripts.run("append_part", script_keys, encoded([*head, *flatten(part)]))
+                result = await self.scripts.run(
+                    APPEND_PART.name, script_keys, encoded([*head, *flatten(part)])
+                )
             except UNAVAILABLE as exc:
-                if head[1] == "last":
+                if head.step == "last":
                     raise outcome_unknown() from exc
                 await self._abort(script_keys, head)
                 raise NotSent("storage was lost while a large append was written: not stored") from exc
-            if text(result[0]) == "lost":  # paused past PEND_MS: rolled back
+            if status_of(result) == "lost":  # paused past PEND_MS: rolled back
                 raise NotSent("a large append was not finished in time: not stored")
-            if text(result[0]) != "more":
+            if status_of(result) != "more":
                 break
-        if text(result[0]) == "ok":
+        if status_of(result) == "ok":
             self.hints.mark(sid)
             metrics.APPENDS.inc()
             metrics.APPENDED_BYTES.inc(first.total)
@@ -189,12 +219,13 @@ class Appends:
 
     async def _run_alone(self, call: tuple[list[str], list[Any], list[int]]) -> Any:
         """append.lua for one append (its failures as _waiting_out_busy tells them)."""
-        return (await self.scripts.run("append", *call[:2]))[0]
+        (reply,) = await self.scripts.run(APPEND.name, *call[:2])  # one append: one result
+        return reply
 
-    async def _abort(self, script_keys: list[str], head: list[Any]) -> None:
+    async def _abort(self, script_keys: list[str], head: AppendPartArgv) -> None:
         """Drop a large append's parts at once, if Redis answers (else PEND_MS does it)."""
         try:
-            await self.scripts.run("append_part", script_keys, encoded([head[0], "abort", *head[2:]]))
+            await self.scripts.run(APPEND_PART.name, script_keys, encoded([*head._replace(step="abort")]))
         except UNAVAILABLE:
             pass
 
@@ -212,9 +243,9 @@ class Appends:
         parts = self.scripts.by_slot(list(range(len(batch))), lambda i: keys.stream_keys(batch[i][0])[0])
         calls = [self._call(batch, part) for part in parts]
         if len(parts) == 1:  # one Redis: the call's failure is every append's (raised)
-            replies = [await self.scripts.run("append", *calls[0][:2])]
+            replies = [await self.scripts.run(APPEND.name, *calls[0][:2])]
         else:
-            replies = await self.scripts.run_each("append", [call[:2] for call in calls])
+            replies = await self.scripts.run_each(APPEND.name, [call[:2] for call in calls])
         results: list[Any] = [None] * len(batch)
         appended, appended_bytes = 0, 0
         for (_, _, order), part_replies in zip(calls, replies, strict=True):
@@ -222,7 +253,7 @@ class Appends:
             for i, reply in by_index.items():
                 results[i] = reply
                 sid, item, _ = batch[i]
-                if item.entries and not isinstance(reply, BaseException) and text(reply[0]) == "ok":
+                if item.entries and not isinstance(reply, BaseException) and status_of(reply) == "ok":
                     self.hints.mark(sid)
                     appended += 1
                     appended_bytes += positions(item.entries)
@@ -239,12 +270,12 @@ class Appends:
         for index in part:
             by_stream.setdefault(batch[index][0], []).append(index)
         script_keys: list[str] = []
-        args: list[Any] = [self.notice_payload_bytes, keys.SUBS_WAKE_CHANNEL]
+        args: list[Any] = [*AppendArgv(self.notice_payload_bytes, keys.SUBS_WAKE_CHANNEL)]
         order: list[int] = []
         for sid, indexes in by_stream.items():
             script_keys += keys.stream_keys(sid)
             script_keys.append(keys.stream_subs(sid))
-            args.append(len(indexes))
+            args += AppendStream(len(indexes))
             for i in indexes:
                 args += batch[i][2]
             order += indexes
@@ -279,7 +310,7 @@ async def _waiting_out_busy(send: Callable[[], Awaitable[Any]]) -> Any:
             raise
         except UNAVAILABLE as exc:  # sent, unanswered: applied or not, nobody knows
             raise outcome_unknown() from exc
-        if text(result[0]) != "busy":
+        if status_of(result) != "busy":
             return result
         if time.monotonic() >= deadline:
             raise ProtocolError(

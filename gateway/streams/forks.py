@@ -42,6 +42,15 @@ from ..protocol.errors import ProtocolError, bad_request
 from ..protocol.headers import Expiry, normalize_content_type, parse_expires_at
 from ..protocol.models import LEGACY_INCARNATION, CreateSpec, InheritedRange, Meta, text
 from ..redis_io import keys
+from ..redis_io.contracts import (
+    FORK_REF,
+    RELEASE_FORK,
+    ForkRefArgv,
+    ForkReferenced,
+    ForkReleased,
+    ReleaseForkArgv,
+    status_of,
+)
 from ..redis_io.limits import MAX_FORK_DEPTH, MAX_FORK_SUB_MESSAGES, MAX_SCRIPT_ENTRIES
 from ..redis_io.outcomes import dropped
 from ..redis_io.scripts import Scripts
@@ -80,13 +89,16 @@ class Forks:
         is recorded in a set, so a retry counts once; if we stop before the fork is
         created the extra record only delays the source's collection (see
         ``release_unless_forked``). Weak, nothing is recorded."""
-        result = await self.scripts.on_stream("fork_ref", src, sid, "pin" if pin else "weak", _new_uid())
-        status = text(result[0])
+        result = await self.scripts.on_stream(
+            FORK_REF.name, src, *ForkRefArgv(sid, "pin" if pin else "weak", _new_uid())
+        )
+        status = status_of(result)
         if status == "missing":
             raise ProtocolError(404, "fork source stream not found")
         if status == "gone":
             raise ProtocolError(409, "fork source stream was deleted")
-        return Meta.parse(src, result[1]), text(result[2]) == "1"
+        referenced = ForkReferenced(*result)
+        return Meta.parse(src, referenced.meta), text(referenced.added) == "1"
 
     async def plan(self, spec: CreateSpec, source: Meta) -> ForkPlan:
         """Step 2: check the request against the referenced source and work out what the fork inherits."""
@@ -158,10 +170,10 @@ class Forks:
         sid, lo, hi, uid = inherited
         if uid != LEGACY_INCARNATION:
             return inherited
-        result = await self.scripts.on_stream("fork_ref", sid, "", "stamp", _new_uid())
-        if text(result[0]) != "ok":
+        result = await self.scripts.on_stream(FORK_REF.name, sid, *ForkRefArgv("", "stamp", _new_uid()))
+        if status_of(result) != "ok":
             return (sid, lo, hi, _NO_INCARNATION)
-        return (sid, lo, hi, Meta.parse(sid, result[1]).uid or _NO_INCARNATION)
+        return (sid, lo, hi, Meta.parse(sid, ForkReferenced(*result).meta).uid or _NO_INCARNATION)
 
     async def release_unless_forked(self, sid: str, src: str, uid: str) -> None:
         """Drop the record step 1 added for a fork that did not come to be (or exists
@@ -184,7 +196,8 @@ class Forks:
         made before incarnations were), collecting up the chain. Harmless for a weak
         fork: it holds nothing, and another incarnation at ``src`` is left alone."""
         while src:
-            result = await self.scripts.on_stream("release_fork", src, child, uid)
-            if text(result[0]) != "collected":
+            result = await self.scripts.on_stream(RELEASE_FORK.name, src, *ReleaseForkArgv(child, uid))
+            if status_of(result) != "collected":
                 return
-            child, src, uid = src, text(result[1]), text(result[2])
+            released = ForkReleased(*result)
+            child, src, uid = src, text(released.source), text(released.source_uid)

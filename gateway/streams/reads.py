@@ -25,6 +25,7 @@ from ..protocol import offsets
 from ..protocol.errors import ProtocolError, bad_request
 from ..protocol.models import LEGACY_INCARNATION, Chunk, Entry, InheritedRange, Meta, text
 from ..redis_io import keys
+from ..redis_io.contracts import READ, READ_RANGE, RangeReply, ReadArgv, ReadDone, ReadRangeArgv, status_of
 from ..redis_io.limits import MAX_READ_ENTRIES, MAX_SCRIPT_ENTRIES
 from ..redis_io.outcomes import dropped, inherited_gone, not_found
 from ..redis_io.routing import ClusterRoute, DirectRoute, Route
@@ -83,7 +84,8 @@ class Reads:
         """
         budget = self.max_chunk_bytes
         at = -1 if start is None else max(start, 0)
-        meta, found = await self._read(sid, at, refresh=True, budget=budget)
+        meta, first = await self._read(sid, at, refresh=True, budget=budget)
+        found: RangeReply | None = first
         if start is None:
             return Chunk(meta, meta.tail)
         if start == offsets.BEGINNING:
@@ -116,15 +118,15 @@ class Reads:
         started at or after ``since`` (see concurrency/singleflight.py): live reads."""
         return await self._shared.run((sid, start), lambda: self.read(sid, start), since)
 
-    async def _read(self, sid: str, start: int, *, refresh: bool, budget: int = 0) -> tuple[Meta, Any]:
+    async def _read(self, sid: str, start: int, *, refresh: bool, budget: int = 0) -> tuple[Meta, RangeReply]:
         """The stream's meta and what read.lua found at ``start`` (see ``_range``)."""
-        result = await self.scripts.on_stream(
-            "read", sid, start, budget, "1" if refresh else "0", self.read_inline_bytes, MAX_SCRIPT_ENTRIES
-        )
-        status = text(result[0])
+        argv = ReadArgv(start, budget, "1" if refresh else "0", self.read_inline_bytes, MAX_SCRIPT_ENTRIES)
+        result = await self.scripts.on_stream(READ.name, sid, *argv)
+        status = status_of(result)
         if status != "ok":
             raise not_found(status)
-        return Meta.parse(sid, result[1]), result[2:]
+        done = ReadDone(*result)
+        return Meta.parse(sid, done.meta), done.found()
 
     async def _range(
         self,
@@ -134,7 +136,7 @@ class Reads:
         budget: int,
         whole: bool,
         max_entries: int,
-        found: Any = None,
+        found: RangeReply | None = None,
         created: str | None = None,
         incarnation: str = "",
     ) -> list[Entry]:
@@ -154,11 +156,10 @@ class Reads:
             asked = MAX_SCRIPT_ENTRIES  # what read.lua was asked for, when it gave ``found``
             if found is None:
                 asked = min(max_entries, MAX_SCRIPT_ENTRIES)
-                found = await self.scripts.on_stream(
-                    "read_range", sid, pos, hi, budget, "1" if whole else "0", asked, inline, incarnation,
-                )  # fmt: skip
-            hot, flag = _pairs(found[0]), text(found[1]) if len(found) > 1 else ""
-            member = await self._segment(sid, text(found[2]), pos) if flag == "archived" else ""
+                argv = ReadRangeArgv(pos, hi, budget, "1" if whole else "0", asked, inline, incarnation)
+                found = RangeReply(*await self.scripts.on_stream(READ_RANGE.name, sid, *argv))
+            hot, flag = _pairs(found.entries), text(found.flag)
+            member = await self._segment(sid, text(found.incarnation), pos) if flag == "archived" else ""
             found = None
             if flag == "lost":
                 raise _Lost

@@ -37,6 +37,16 @@ from ..protocol.headers import DEFAULT_CONTENT_TYPE, Expiry, normalize_content_t
 from ..protocol.models import CreateSpec, Meta, text
 from ..protocol.responses import current_state
 from ..redis_io import keys
+from ..redis_io.contracts import (
+    CREATE,
+    DELETE,
+    CreateArgv,
+    CreateDone,
+    CreateRefused,
+    DeleteArgv,
+    Deleted,
+    status_of,
+)
 from ..redis_io.outcomes import not_found
 from ..redis_io.scripts import Scripts
 from .appends import Appends
@@ -188,39 +198,36 @@ class Store:
     ) -> tuple[bool, Meta]:
         script_keys = self.keys_with_subscribers(sid)
         record = await self._subscriptions.workers.alive()
-        result = await self._scripts.run(
-            "create",
-            script_keys,
-            [
-                content_type,
-                media_type,
-                "" if expiry.ttl_seconds is None else expiry.ttl_seconds,
-                "" if expiry.expires_at_ms is None else expiry.expires_at_ms,
-                expiry.expires_at or "",
-                "1" if spec.closed else "0",
-                fork.source.sid if fork else "",
-                fork.given_offset if fork else "",
-                fork.fork_offset if fork else "",
-                spec.fork_sub_offset,
-                fork.base if fork else 0,
-                json.dumps([[s, lo, hi] for s, lo, hi, _ in fork.chain] if fork else []),
-                json.dumps([uid for _, _, _, uid in fork.chain] if fork else []),
-                (fork.source.uid or "") if fork else "",
-                "1" if fork and not spec.pin_source else "0",
-                "1" if record else "0",
-                keys.SUBS_WAKE_CHANNEL,
-                spec.if_match,
-                *flatten(spec.entries),
-            ],
+        argv = CreateArgv(
+            content_type=content_type,
+            media_type=media_type,
+            ttl_seconds="" if expiry.ttl_seconds is None else expiry.ttl_seconds,
+            expires_at_ms="" if expiry.expires_at_ms is None else expiry.expires_at_ms,
+            expires_at=expiry.expires_at or "",
+            closed="1" if spec.closed else "0",
+            fork_source=fork.source.sid if fork else "",
+            given_offset=fork.given_offset if fork else "",
+            fork_offset=fork.fork_offset if fork else "",
+            fork_sub_offset=spec.fork_sub_offset,
+            base=fork.base if fork else 0,
+            chain=json.dumps([[s, lo, hi] for s, lo, hi, _ in fork.chain] if fork else []),
+            chain_uids=json.dumps([uid for _, _, _, uid in fork.chain] if fork else []),
+            source_uid=(fork.source.uid or "") if fork else "",
+            weak="1" if fork and not spec.pin_source else "0",
+            workers_alive="1" if record else "0",
+            wake_channel=keys.SUBS_WAKE_CHANNEL,
+            if_match=spec.if_match,
         )
-        status = text(result[0])
+        result = await self._scripts.run(CREATE.name, script_keys, [*argv, *flatten(spec.entries)])
+        status = status_of(result)
         if status == "conflict":
             raise ProtocolError(409, "stream exists with a different configuration")
         if status == "precondition_failed":
-            tail, incarnation = text(result[1]), text(result[2])
+            refused = CreateRefused(*result)
+            tail, incarnation = text(refused.tail), text(refused.created)
             state = current_state(sid, incarnation, int(tail), False) if tail else {}
             raise precondition_failed(state)
-        meta = Meta.parse(sid, result[1])
+        meta = Meta.parse(sid, CreateDone(*result).meta)
         if status == "created":
             if spec.entries:
                 self._hints.mark(sid)
@@ -242,13 +249,16 @@ class Store:
         ]
 
     async def delete(self, sid: str) -> None:
-        result = await self._scripts.run("delete", self.keys_with_subscribers(sid), [keys.SUBS_WAKE_CHANNEL])
-        status = text(result[0])
+        result = await self._scripts.run(
+            DELETE.name, self.keys_with_subscribers(sid), [*DeleteArgv(keys.SUBS_WAKE_CHANNEL)]
+        )
+        status = status_of(result)
         if status in ("missing", "gone"):
             raise not_found(status)
         await self._registry.record(sid, lambda: deleted_event(keys.path_of(sid)))
         if status == "deleted":
             await self._hints.forget(sid)
-            await self._forks.release(sid, text(result[1]), text(result[2]))
-            if len(result) > 3 and text(result[3]):
-                await self._snapshots.forget(text(result[3]))
+            deleted = Deleted(*result)
+            await self._forks.release(sid, text(deleted.source), text(deleted.source_uid))
+            if text(deleted.snapshot_file):
+                await self._snapshots.forget(text(deleted.snapshot_file))
