@@ -133,7 +133,12 @@ async def test_archive_metrics_carry_no_worker_label(http, gateway, url, redis, 
         families = _families(await r.text())
     for name in ("ds_archive_bytes", "ds_archive_files", "ds_archive_due_streams", "ds_archive_lag_seconds"):
         assert families[name].samples, name
-        assert all(not s.labels for s in families[name].samples if not s.name.endswith("_created")), name
+        allowed = {"node"} if name == "ds_archive_lag_seconds" else set()  # the lag: by Redis primary
+        samples = [s for s in families[name].samples if not s.name.endswith("_created")]
+        assert all(set(s.labels) <= allowed for s in samples), name
+    options = redis.connection_pool.connection_kwargs  # named as ds_redis_used_memory_bytes names nodes
+    nodes = {s.labels["node"] for s in families["ds_archive_lag_seconds"].samples}
+    assert f"{options['host']}:{options['port']}" in nodes
     assert sum(s.value for s in families["ds_archive_bytes"].samples if s.name.endswith("_total")) >= 100
     for name in ("ds_archive_due_streams", "ds_archive_lag_seconds"):
         assert "max()" in families[name].documentation and "not sum()" in families[name].documentation

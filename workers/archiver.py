@@ -57,6 +57,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import pyarrow as pa
+from redis.asyncio import RedisCluster
 from redis.exceptions import RedisClusterException
 
 from gateway.archive.files import Archive
@@ -69,6 +70,19 @@ from gateway.protocol import offsets
 from gateway.protocol.headers import JSON_CONTENT_TYPE, normalize_content_type
 from gateway.redis_io import keys
 from gateway.redis_io.connections import Client, general, scan_pages
+from gateway.redis_io.contracts import (
+    ARCHIVE_CHECK,
+    ARCHIVE_COMMIT,
+    ARCHIVE_FORGET,
+    ARCHIVE_LEASE,
+    ARCHIVE_NAMED,
+    ARCHIVE_RETAIN,
+    ARCHIVE_STAGE,
+    SCRIPTS,
+    ArchiveCommitted,
+    ArchiveRetained,
+    status_of,
+)
 from gateway.redis_io.outcomes import UNAVAILABLE
 from gateway.redis_io.preflight import Preflight, reason
 from gateway.redis_io.scripts import Scripts, connect_scripts, replica_ack
@@ -198,22 +212,26 @@ class Archiver:
         # Where the next pass starts polling hint keys: workers start at random ones and move
         # on by one each pass, so that they neither contend for one key nor starve another.
         self._next_hint_key = random.randrange(len(self.hint_keys.all))
+        self._lag_nodes: set[str] = set()  # the node labels of ds_archive_lag_seconds set here
         self._legacy_indexed = False
         self.archived_bytes = 0  # totals, for logs and benchmarks
         self.files_written = 0
 
     async def _call(self, script: str, lease: Lease, *args: Any) -> Any:
-        """Run an archive script for the lease's stream, fenced by its token. Every script
-        but archive_lease takes the incarnation first, and its segment set as KEYS[7]."""
+        """Run an archive script for the lease's stream, fenced by its token: ``args`` are
+        its ARGV after the token, in the order of its description (contracts.py, which
+        checks their count). Every script but archive_lease takes the incarnation first,
+        and its segment set as KEYS[7]."""
+        argv = SCRIPTS[script].args(lease.token, *args)
         script_keys = [*keys.stream_keys(lease.sid), keys.lease(lease.sid)]
-        if script != "archive_lease":
+        if script != ARCHIVE_LEASE.name:
             script_keys.append(keys.segments(lease.sid, str(args[0])))
-        return await self.scripts.run(script, script_keys, [lease.token, *args])
+        return await self.scripts.run(script, script_keys, argv)
 
     async def _fenced(self, script: str, lease: Lease, *args: Any) -> list[Any]:
         """Run a fenced script; LeaseLost if Redis says the lease is not ours."""
         result = await self._call(script, lease, *args)
-        if _text(result[0]) == "lost":
+        if status_of(result) == "lost":
             lease.lost = True
             raise LeaseLost(keys.path_of(lease.sid))
         return list(result)
@@ -327,10 +345,35 @@ class Archiver:
             replies = await pipe.execute()
         firsts = cast(list[ScoredMembers], replies[0::2])
         due = {key: int(count) for key, count in zip(every, replies[1::2], strict=True)}
-        oldest = min((first[0][1] for first in firsts if first), default=None)
-        metrics.ARCHIVE_LAG.set(max(0.0, (now - oldest) / 1000) if oldest is not None else 0.0)
+        lag: dict[str, float] = {}  # the longest wait in the hint keys of each primary
+        for key, first in zip(every, firsts, strict=True):
+            waited = max(0.0, (now - first[0][1]) / 1000) if first else 0.0
+            node = self._node_of(key)
+            lag[node] = max(lag.get(node, 0.0), waited)
+        for gone in self._lag_nodes - lag.keys():  # a primary renamed (failover), or removed
+            with contextlib.suppress(KeyError):
+                metrics.ARCHIVE_LAG.remove(gone)
+        for node, seconds in lag.items():
+            metrics.ARCHIVE_LAG.labels(node).set(seconds)
+        self._lag_nodes = set(lag)
         metrics.ARCHIVE_DUE.set(sum(due.values()))
         return due
+
+    def _node_of(self, key: str) -> str:
+        """The ``node`` label of a hint key's lag, named as ``ds_redis_used_memory_bytes``
+        names nodes: on Redis Cluster the primary serving its slot (this client's slot map),
+        on one Redis its address (one series)."""
+        if isinstance(self.redis, RedisCluster):
+            try:
+                node = self.redis.get_node_from_key(key)
+            except RedisClusterException:  # the slot map is being read again
+                node = None
+            return node.name if node is not None else "unknown"
+        pool = getattr(self.redis, "connection_pool", None)
+        options: dict[str, Any] = getattr(pool, "connection_kwargs", {})
+        if "path" in options:
+            return str(options["path"])
+        return f"{options.get('host', 'redis')}:{options.get('port', 6379)}"
 
     async def hint(self, sid: str, when_ms: int) -> None:
         await self.redis.zadd(self.hint_keys.of(sid), {sid: when_ms}, lt=True)
@@ -373,7 +416,7 @@ class Archiver:
             with contextlib.suppress(asyncio.CancelledError):
                 await renewal
             with contextlib.suppress(Exception):  # fenced: frees it only if still ours; else it expires
-                await self._call("archive_lease", lease, 0)
+                await self._call(ARCHIVE_LEASE.name, lease, 0)
 
     async def _renew(self, lease: Lease) -> None:
         """Extend the lease every third of its length; mark it lost when Redis says
@@ -385,11 +428,11 @@ class Archiver:
                 lease.lost = True
                 return
             try:
-                result = await self._call("archive_lease", lease, int(lease.seconds * 1000))
+                result = await self._call(ARCHIVE_LEASE.name, lease, int(lease.seconds * 1000))
             except Exception as error:  # Redis unreachable: try again until the lease runs out
                 log.warning("renewing the lease of %s failed: %s", keys.path_of(lease.sid), error)
                 continue
-            if _text(result[0]) != "ok":
+            if status_of(result) != "ok":
                 lease.lost = True
                 return
             lease.valid_until = sent + lease.seconds
@@ -416,16 +459,17 @@ class Archiver:
         if pending:
             return await self._write_and_commit(lease, meta, inc, _Job(pending[0], None))
         if self.policy.retention_ms and committed:
-            retained = await self._fenced("archive_retain", lease, inc, now_ms() - self.policy.retention_ms)
-            if retained[1]:
-                await self._remove(lease, inc, [Segment.parse(m) for m in retained[1]])
+            cutoff = now_ms() - self.policy.retention_ms
+            retained = ArchiveRetained(*await self._fenced(ARCHIVE_RETAIN.name, lease, inc, cutoff))
+            if retained.dropped:
+                await self._remove(lease, inc, [Segment.parse(m) for m in retained.dropped])
         job = await self._plan(lease, meta, inc, committed[-1] if committed else None)
         if job is None:
             return False
         # Indexed before the set is first written, so reconciliation finds it once the stream is gone.
         await self.redis.sadd(keys.ARCHIVE_SEGSETS, keys.segments(sid, inc))
         staged = await self._fenced(
-            "archive_stage",
+            ARCHIVE_STAGE.name,
             lease,
             inc,
             job.segment.start,
@@ -434,7 +478,7 @@ class Archiver:
             job.segment.last_ms,
             job.segment.file,
         )
-        status = _text(staged[0])
+        status = status_of(staged)
         if status == "ok":
             return await self._write_and_commit(lease, meta, inc, job)
         return status in ("busy", "moved")  # plan again from what Redis says now
@@ -537,8 +581,8 @@ class Archiver:
         table = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
         lease.check()  # a pause may have outlasted the lease: then another worker redoes this file
         await asyncio.to_thread(self.archive.write, segment.file, table, self.policy.row_group_bytes)
-        result = await self._call("archive_commit", lease, inc, segment.member)
-        status = _text(result[0])
+        result = await self._call(ARCHIVE_COMMIT.name, lease, inc, segment.member)
+        status = status_of(result)
         if status == "lost":  # the file may be the new holder's (same name) or already merged away
             lease.lost = True
             await self._delete_unnamed(lease, inc, [segment])
@@ -553,8 +597,9 @@ class Archiver:
         self.files_written += 1
         metrics.ARCHIVED_BYTES.inc(archived)
         metrics.ARCHIVE_FILES.inc()
-        if _text(result[1]):
-            await self._remove(lease, inc, [Segment.parse(result[1])])
+        committed = ArchiveCommitted(*result)
+        if _text(committed.replaced):
+            await self._remove(lease, inc, [Segment.parse(committed.replaced)])
         return True
 
     async def _log(self, lease: Lease, start: int, json: bool, end: int | None = None) -> AsyncIterator[Row]:
@@ -574,7 +619,7 @@ class Archiver:
         await self._delete_unnamed(lease, inc, segments)
         members = [s.member for s in segments]
         for i in range(0, len(members), FORGET_BATCH):
-            await self._fenced("archive_forget", lease, inc, *members[i : i + FORGET_BATCH])
+            await self._fenced(ARCHIVE_FORGET.name, lease, inc, *members[i : i + FORGET_BATCH])
 
     async def _delete_unnamed(self, lease: Lease, inc: str, segments: Iterable[Segment]) -> None:
         """Delete the segments' files, but none that a committed or staged segment of a
@@ -582,14 +627,14 @@ class Archiver:
         files = sorted({s.file for s in segments})
         keep: set[str] = set()
         for i in range(0, len(files), FORGET_BATCH):
-            named = await self._call("archive_named", lease, inc, *files[i : i + FORGET_BATCH])
+            named = await self._call(ARCHIVE_NAMED.name, lease, inc, *files[i : i + FORGET_BATCH])
             keep.update(_text(f) for f in named)
         if self.scripts.replica_ack is not None and set(files) - keep:
             # --min-replicas-ack: what freed these files (a commit, retention, a delete) must be
             # on the replicas before the files go, or a failover brings back a record naming
             # them. Replication is in order: a write that waits for the replicas (the lease's
             # renewal) confirms everything before it. NotReplicated: keep them, for now.
-            await self._call("archive_lease", lease, int(lease.seconds * 1000))
+            await self._call(ARCHIVE_LEASE.name, lease, int(lease.seconds * 1000))
         for file in files:
             if file not in keep:
                 await asyncio.to_thread(self.archive.delete, file)
@@ -702,7 +747,7 @@ class Archiver:
         async with self._leased(sid) as lease:
             if lease is None:
                 return
-            if _text((await self._fenced("archive_check", lease, inc))[0]) != "dead":
+            if status_of(await self._fenced(ARCHIVE_CHECK.name, lease, inc)) != "dead":
                 return
             members = cast(Members, await self.redis.zrange(key, 0, -1))
             await self._remove(lease, inc, [Segment.parse(m) for m in members])

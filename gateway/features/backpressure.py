@@ -16,9 +16,9 @@ a request only reads the last decision (``refusal``: no Redis call). What is pol
   the scripts are routed by), not the cluster's.
 - archive lag (``--write-pause-archive-lag``): the oldest score in the archive hint
   keys (one ``ZRANGE 0 0`` per key, pipelined), i.e. how long the stream that has
-  waited longest has waited for a worker, the number workers report as
-  ``ds_archive_lag_seconds``. It pauses every write: the workers serve every stream.
-  Measuring the bytes not yet archived instead would read every stream's meta.
+  waited longest has waited for a worker: the largest of the numbers workers report
+  as ``ds_archive_lag_seconds`` (one per Redis primary). It pauses every write: the
+  workers serve every stream. Measuring the bytes not yet archived instead would read every stream's meta.
 
 Hysteresis: writes pause once a value passes its mark and resume once it is below
 ``RESUME`` of it, so writers do not flap at the mark. A poll that fails decides

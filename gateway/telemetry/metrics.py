@@ -90,10 +90,14 @@ ARCHIVE_DUE = Gauge(
     "aggregate with max(), not sum())",
     multiprocess_mode="mostrecent",
 )
+# By node: the Redis primary holding the hint keys (named as ds_redis_used_memory_bytes
+# names it; one Redis: one series), so a primary whose streams wait shows apart.
 ARCHIVE_LAG = Gauge(
     "ds_archive_lag_seconds",
-    "How long the longest-waiting stream has waited for a worker, cluster-wide (every worker "
-    "reports the same number: aggregate with max(), not sum())",
+    "How long the longest-waiting stream has waited for a worker, by the Redis primary holding its "
+    "archive hint (node; one Redis: its address); every worker reports the same numbers: aggregate "
+    "with max() (by node), not sum()",
+    ["node"],
     multiprocess_mode="mostrecent",
 )
 
