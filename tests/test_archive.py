@@ -316,7 +316,7 @@ async def test_a_crash_at_each_step_is_repaired(http, url, redis, archive_dir, p
         async with http.post(url, data=body, headers={"Content-Type": "application/octet-stream"}) as r:
             assert r.status == 204
     crashing = Archiver(redis, archive, HOT0)
-    original_write, original_call = archive.write, crashing._call
+    original_write, original_call = archive.write, crashing.leases.call
 
     def write(file, table, *rest):
         size = original_write(file, table, *rest)
@@ -331,7 +331,7 @@ async def test_a_crash_at_each_step_is_repaired(http, url, redis, archive_dir, p
         return result
 
     monkeypatch.setattr(archive, "write", write)
-    monkeypatch.setattr(crashing, "_call", call)
+    monkeypatch.setattr(crashing.leases, "call", call)
     crashing.lease_seconds = 0.2  # the dead worker's lease runs out soon
     with pytest.raises(Crash):
         await crashing.archive_stream(sid_of(url))

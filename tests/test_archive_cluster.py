@@ -275,11 +275,11 @@ async def test_hints_land_on_every_primary_and_workers_take_them(cluster, client
 
         async with worker_on(cluster, cluster_archive) as one, worker_on(cluster, cluster_archive) as two:
             # The backlog metrics count every key's hints.
-            due = await one._report_backlog(now_ms())
+            due = await one.finder.report_backlog(now_ms())
             assert sum(due.values()) >= len(sids) and set(due) == set(HINTS.all)
             assert REGISTRY.get_sample_value("ds_archive_due_streams") == sum(due.values())
             # Passes start at a different key each time: over 16 passes, at every key.
-            assert {two._polling_order()[0] for _ in HINTS.all} == set(HINTS.all)
+            assert {two.finder.polling_order()[0] for _ in HINTS.all} == set(HINTS.all)
             taken = await asyncio.gather(one.work_once(limit=1000), two.work_once(limit=1000))
             assert sum(taken) >= len(sids)
         for sid in sids:

@@ -108,7 +108,7 @@ class PausedWorker:
         archive = Archive(self.archive_dir)
         worker = Archiver(client, archive, HOT0, lease_seconds=LEASE, name="paused")
         loop = asyncio.get_running_loop()
-        original_call, original_write = worker._call, archive.write
+        original_call, original_write = worker.leases.call, archive.write
 
         async def call(script: str, *args: Any) -> Any:
             if script == "archive_commit" and self.point == "before_commit":
@@ -122,7 +122,7 @@ class PausedWorker:
                 self._resume.wait(30)
             return original_write(file, table, *rest)
 
-        worker._call = call  # type: ignore[method-assign]
+        worker.leases.call = call  # type: ignore[method-assign]
         archive.write = write  # type: ignore[method-assign]
         try:
             await worker.archive_stream(self.sid)
@@ -180,14 +180,14 @@ async def test_renewal_keeps_the_lease_through_a_long_round(http, url, redis, ar
     body = os.urandom(500)
     await create(http, url, "application/octet-stream", body)
     slow = Archiver(redis, Archive(archive_dir), HOT0, lease_seconds=LEASE, name="slow")
-    original_call = slow._call
+    original_call = slow.leases.call
 
     async def call(script: str, *args: Any) -> Any:
         if script == "archive_commit":
             await asyncio.sleep(4 * LEASE)  # a slow PUT: the loop runs, so renewals do
         return await original_call(script, *args)
 
-    slow._call = call  # type: ignore[method-assign]
+    slow.leases.call = call  # type: ignore[method-assign]
     other = Archiver(redis, Archive(archive_dir), HOT0, lease_seconds=LEASE, name="other")
 
     async def try_to_take_over() -> None:
@@ -211,7 +211,7 @@ async def test_a_retried_commit_keeps_its_file(http, url, redis, archive_dir):
     for body in bodies[1:]:
         await append(http, url, body)
     retrying = Archiver(redis, Archive(archive_dir), HOT0)
-    original_call = retrying._call
+    original_call = retrying.leases.call
 
     async def call(script: str, *args: Any) -> Any:
         result = await original_call(script, *args)
@@ -219,7 +219,7 @@ async def test_a_retried_commit_keeps_its_file(http, url, redis, archive_dir):
             result = await original_call(script, *args)  # the same call again
         return result
 
-    retrying._call = call  # type: ignore[method-assign]
+    retrying.leases.call = call  # type: ignore[method-assign]
     await retrying.archive_stream(sid)
     # The merge's replaced file was still removed (the next round found it as garbage).
     await check_once(redis, Archive(archive_dir), sid, b"".join(bodies))
@@ -262,7 +262,7 @@ async def test_a_stale_token_changes_nothing(http, url, redis, archive_dir):
             await redis.delete(keys.lease(sid))
         before = await state()
         for script, args in calls:
-            assert await archiver._call(script, stale, *args) == [b"lost"], script
+            assert await archiver.leases.call(script, stale, *args) == [b"lost"], script
         assert await state() == before
     assert (Path(archive_dir) / segment.file).exists()
 

@@ -185,16 +185,16 @@ async def test_the_archive_keeps_files_until_the_replicas_confirm(
     assert replica.process is not None
     try:
         await scripts.load()
-        async with archiver._leased("dead-stream") as lease:  # no such stream: nothing names the file
+        async with archiver.leases.held("dead-stream") as lease:  # no such stream: nothing names the file
             assert lease is not None
             os.kill(replica.process.pid, signal.SIGSTOP)
             try:
                 with pytest.raises(NotReplicated):
-                    await archiver._delete_unnamed(lease, "inc-1", [_segment("gone.parquet")])
+                    await archiver.files.delete_unnamed(lease, "inc-1", [_segment("gone.parquet")])
                 assert "gone.parquet" in archive.files()  # kept: the replicas did not confirm
             finally:
                 os.kill(replica.process.pid, signal.SIGCONT)
-            await archiver._delete_unnamed(lease, "inc-1", [_segment("gone.parquet")])
+            await archiver.files.delete_unnamed(lease, "inc-1", [_segment("gone.parquet")])
             assert "gone.parquet" not in archive.files()
     finally:
         await scripts.aclose()

@@ -25,6 +25,12 @@ SIGSTOP, a slow PUT) changes nothing there; it notices, stops the round, and
 deletes a file it wrote only if ``archive_named.lua`` says no committed or
 staged segment of a live incarnation names it. Every file delete asks that.
 
+``Archiver`` is the loop and the rule (``_plan``); the rest is in its parts, each in a
+module of its own: the leases and fencing (``archive_lease.py``, ``Leases``), finding
+work (``archive_scan.py``, ``Finder``: the hints, their backlog metrics, the
+reconciliation) and the files (``archive_files.py``, ``SegmentFiles``: the log read,
+the Parquet segment written, staged, committed; files removed).
+
 Work is found through hints (``gateway/features/hints.py``) and a periodic
 reconciliation (one worker at a time) that also removes the files of deleted
 and expired streams, found through the index ``keys.ARCHIVE_SEGSETS``.
@@ -48,76 +54,36 @@ import asyncio
 import contextlib
 import logging
 import os
-import random
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
-from typing import Any, cast
-
-import pyarrow as pa
-from redis.asyncio import RedisCluster
-from redis.exceptions import RedisClusterException
+from typing import cast
 
 from gateway.archive.files import Archive
-from gateway.archive.schema import Row, to_table
+from gateway.archive.schema import Row
 from gateway.archive.segments import GARBAGE, PENDING, Segment, file_name, utc_date
 from gateway.concurrency import backoff
 from gateway.config import Settings
-from gateway.features.hints import HintKeys, add_hints
 from gateway.protocol import offsets
-from gateway.protocol.headers import JSON_CONTENT_TYPE, normalize_content_type
+from gateway.protocol.models import text
 from gateway.redis_io import keys
-from gateway.redis_io.connections import Client, general, scan_pages
-from gateway.redis_io.contracts import (
-    ARCHIVE_CHECK,
-    ARCHIVE_COMMIT,
-    ARCHIVE_FORGET,
-    ARCHIVE_LEASE,
-    ARCHIVE_NAMED,
-    ARCHIVE_RETAIN,
-    ARCHIVE_STAGE,
-    SCRIPTS,
-    ArchiveCommitted,
-    ArchiveRetained,
-    status_of,
-)
-from gateway.redis_io.outcomes import UNAVAILABLE
+from gateway.redis_io.connections import Client, general
 from gateway.redis_io.preflight import Preflight, reason
 from gateway.redis_io.scripts import Scripts, connect_scripts, replica_ack
 from gateway.telemetry import metrics
 from gateway.telemetry.logs import RateLimited
 
 from . import health
+from .archive_files import Job, LogPage, ScoredMembers, SegmentFiles, is_json, log_start
+from .archive_lease import Lease, LeaseLost, Leases
+from .archive_scan import Finder, unavailable
+from .clock import now_ms
 from .health import Heartbeat
 
 log = logging.getLogger("durable_streams.archive")
 limited = RateLimited(log)
-PAGE = 1000  # log entries per XRANGE
 ALIVE_MS = 60_000  # how long one announcement keeps gateways sending hints
-FORGET_BATCH = 500  # members per archive_forget call (Lua's unpack has a limit)
-
-
-# redis-py types a reply as the union of every form its options allow; with this
-# worker's options (no decode_responses) each reply used below is one of these.
-Members = list[bytes]
-ScoredMembers = list[tuple[bytes, float]]
-LogPage = list[tuple[bytes, dict[bytes, bytes]]]
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
-
-
-def unavailable(exc: BaseException) -> bool:
-    """Redis could not be reached or answered too late (or a cluster is failing over):
-    nothing to fix here but to wait. A cluster client that reaches no node at all says so
-    with a RedisClusterException caused by the connection error."""
-    if isinstance(exc, (*UNAVAILABLE, OSError)):  # UNAVAILABLE has a cluster's "not now" too
-        return True
-    cause = exc.__cause__
-    return isinstance(exc, RedisClusterException) and cause is not None and unavailable(cause)
 
 
 @dataclass(frozen=True)
@@ -133,59 +99,10 @@ class Policy:
     row_group_bytes: int = 4 * 1024 * 1024  # the unit a cold read fetches
 
 
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
-def _log_start(meta: dict[str, str]) -> int:
-    """Where the stream's Redis log starts: below it, everything is in files."""
-    return int(meta.get("arch") or meta["base"])
-
-
-def _row(entry_id: bytes, fields: dict[bytes, bytes], json: bool) -> Row:
-    """A log entry; a JSON stream's may hold several messages joined by newlines, which
-    take no positions (protocol/entries.py)."""
-    producer = None
-    if b"p" in fields:
-        epoch, seq, pid = fields[b"p"].decode().split(" ", 2)
-        producer = (pid, int(epoch), int(seq))
-    data = fields[b"d"]
-    size = len(data) - data.count(b"\n") if json else -1
-    return Row(int(entry_id.split(b"-")[0]), data, int(fields[b"t"]), producer, size)
-
-
-def _is_json(meta: dict[str, str]) -> bool:
-    return normalize_content_type(meta.get("ct")) == JSON_CONTENT_TYPE
-
-
-@dataclass
-class _Job:
-    segment: Segment
-    rows: list[Row] | None  # None: read them again (redoing a staged file)
-
-
-class LeaseLost(Exception):
-    """The stream's lease expired or another worker holds it: stop, change nothing."""
-
-
-@dataclass
-class Lease:
-    """A stream's archive lease as this worker holds it."""
-
-    sid: str
-    token: str
-    seconds: float
-    valid_until: float  # time.monotonic(): the latest moment it surely still holds
-    lost: bool = False
-
-    def check(self) -> None:
-        """Raise LeaseLost once the lease may have run out (a pause outlasted it)."""
-        if self.lost or time.monotonic() >= self.valid_until:
-            self.lost = True
-            raise LeaseLost(keys.path_of(self.sid))
-
-
 class Archiver:
+    """The worker's loop (announce, reconcile now and then, archive what is due) and one
+    stream's rounds, around its parts: ``leases``, ``finder`` and ``files``."""
+
     def __init__(
         self,
         redis: Client,
@@ -204,37 +121,39 @@ class Archiver:
         self.policy = policy
         self.scripts = scripts or Scripts(redis)  # on a cluster: connect_scripts' (routed)
         self.interval = interval
-        self.reconcile_seconds = reconcile_seconds
-        self.lease_seconds = lease_seconds
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
         self.heartbeat = heartbeat or Heartbeat()
-        self.hint_keys = HintKeys.of_client(redis)
-        # Where the next pass starts polling hint keys: workers start at random ones and move
-        # on by one each pass, so that they neither contend for one key nor starve another.
-        self._next_hint_key = random.randrange(len(self.hint_keys.all))
-        self._lag_nodes: set[str] = set()  # the node labels of ds_archive_lag_seconds set here
-        self._legacy_indexed = False
-        self.archived_bytes = 0  # totals, for logs and benchmarks
-        self.files_written = 0
+        self.leases = Leases(redis, self.scripts, self.name, lease_seconds, self.heartbeat)
+        self.files = SegmentFiles(redis, archive, self.scripts, self.leases, policy.row_group_bytes)
+        self.finder = Finder(
+            redis,
+            self.leases,
+            self.files,
+            name=self.name,
+            hot_bytes=policy.hot_bytes,
+            retention_ms=policy.retention_ms,
+            reconcile_seconds=reconcile_seconds,
+            heartbeat=self.heartbeat,
+        )
 
-    async def _call(self, script: str, lease: Lease, *args: Any) -> Any:
-        """Run an archive script for the lease's stream, fenced by its token: ``args`` are
-        its ARGV after the token, in the order of its description (contracts.py, which
-        checks their count). Every script but archive_lease takes the incarnation first,
-        and its segment set as KEYS[7]."""
-        argv = SCRIPTS[script].args(lease.token, *args)
-        script_keys = [*keys.stream_keys(lease.sid), keys.lease(lease.sid)]
-        if script != ARCHIVE_LEASE.name:
-            script_keys.append(keys.segments(lease.sid, str(args[0])))
-        return await self.scripts.run(script, script_keys, argv)
+    # The parts' settings and totals, as attributes of the worker (tests shorten a live
+    # worker's lease; logs and benchmarks read the totals).
 
-    async def _fenced(self, script: str, lease: Lease, *args: Any) -> list[Any]:
-        """Run a fenced script; LeaseLost if Redis says the lease is not ours."""
-        result = await self._call(script, lease, *args)
-        if status_of(result) == "lost":
-            lease.lost = True
-            raise LeaseLost(keys.path_of(lease.sid))
-        return list(result)
+    @property
+    def lease_seconds(self) -> float:
+        return self.leases.seconds
+
+    @lease_seconds.setter
+    def lease_seconds(self, seconds: float) -> None:
+        self.leases.seconds = seconds
+
+    @property
+    def archived_bytes(self) -> int:
+        return self.files.archived_bytes
+
+    @property
+    def files_written(self) -> int:
+        return self.files.files_written
 
     # -- the loop -----------------------------------------------------------
 
@@ -272,7 +191,7 @@ class Archiver:
             pause = self.interval
             try:
                 if time.monotonic() >= next_reconcile:
-                    next_reconcile = time.monotonic() + self.reconcile_seconds
+                    next_reconcile = time.monotonic() + self.finder.reconcile_seconds
                     await self.reconcile()
                 busy = await self.work_once()
                 failures = 0
@@ -296,29 +215,13 @@ class Archiver:
 
     async def work_once(self, limit: int = 64) -> int:
         """Archive the streams whose hints are due (at most ``limit``); returns how many
-        were taken. The hint keys with due hints are polled in turn (one on one Redis)."""
-        now = now_ms()
-        due_in = await self._report_backlog(now)
+        were taken."""
         taken = 0
-        for key in self._polling_order():
-            if taken >= limit:
-                break
-            if not due_in.get(key):
-                continue
-            due = cast(Members, await self.redis.zrangebyscore(key, "-inf", now, start=0, num=limit - taken))
-            for raw in due:
-                if await self.redis.zrem(key, raw) != 1:
-                    continue  # another worker took it
+        async with contextlib.aclosing(self.finder.take_due(limit)) as due:
+            async for sid in due:
                 taken += 1
-                await self._take(_text(raw))
+                await self._take(sid)
         return taken
-
-    def _polling_order(self) -> list[str]:
-        """The hint keys, from this pass's first (the next pass starts one further)."""
-        every = self.hint_keys.all
-        first = self._next_hint_key % len(every)
-        self._next_hint_key = first + 1
-        return [*every[first:], *every[:first]]
 
     async def _take(self, sid: str) -> None:
         """Archive a stream whose hint this worker took; hint it again on failure."""
@@ -333,56 +236,27 @@ class Archiver:
             await self.hint(sid, now_ms() + 5000)
         self.heartbeat.beat()
 
-    async def _report_backlog(self, now: int) -> dict[str, int]:
-        """The backlog metrics, over every hint key (one pipeline: a round trip per node;
-        not a transaction, as on a cluster the keys are in different slots). Returns how
-        many hints are due in each key."""
-        every = self.hint_keys.all
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for key in every:
-                pipe.zrange(key, 0, 0, withscores=True)
-                pipe.zcount(key, "-inf", now)
-            replies = await pipe.execute()
-        firsts = cast(list[ScoredMembers], replies[0::2])
-        due = {key: int(count) for key, count in zip(every, replies[1::2], strict=True)}
-        lag: dict[str, float] = {}  # the longest wait in the hint keys of each primary
-        for key, first in zip(every, firsts, strict=True):
-            waited = max(0.0, (now - first[0][1]) / 1000) if first else 0.0
-            node = self._node_of(key)
-            lag[node] = max(lag.get(node, 0.0), waited)
-        for gone in self._lag_nodes - lag.keys():  # a primary renamed (failover), or removed
-            with contextlib.suppress(KeyError):
-                metrics.ARCHIVE_LAG.remove(gone)
-        for node, seconds in lag.items():
-            metrics.ARCHIVE_LAG.labels(node).set(seconds)
-        self._lag_nodes = set(lag)
-        metrics.ARCHIVE_DUE.set(sum(due.values()))
-        return due
-
-    def _node_of(self, key: str) -> str:
-        """The ``node`` label of a hint key's lag, named as ``ds_redis_used_memory_bytes``
-        names nodes: on Redis Cluster the primary serving its slot (this client's slot map),
-        on one Redis its address (one series)."""
-        if isinstance(self.redis, RedisCluster):
-            try:
-                node = self.redis.get_node_from_key(key)
-            except RedisClusterException:  # the slot map is being read again
-                node = None
-            return node.name if node is not None else "unknown"
-        pool = getattr(self.redis, "connection_pool", None)
-        options: dict[str, Any] = getattr(pool, "connection_kwargs", {})
-        if "path" in options:
-            return str(options["path"])
-        return f"{options.get('host', 'redis')}:{options.get('port', 6379)}"
-
     async def hint(self, sid: str, when_ms: int) -> None:
-        await self.redis.zadd(self.hint_keys.of(sid), {sid: when_ms}, lt=True)
+        await self.finder.hint(sid, when_ms)
+
+    async def reconcile(self, force: bool = False) -> bool:
+        """Hint streams with unarchived data (hints can be lost) and remove the
+        archives of streams that are gone. One worker per interval does it."""
+        return await self.finder.reconcile(force)
+
+    async def drain(self) -> None:
+        """Work until no hint is due (tests, ``--once``)."""
+        await self.scripts.load()
+        await self.announce()
+        await self.reconcile(force=True)
+        while await self.work_once():
+            pass
 
     # -- one stream ---------------------------------------------------------
 
     async def archive_stream(self, sid: str) -> None:
         """Archive what the policy allows of one stream, under its lease."""
-        async with self._leased(sid) as lease:
+        async with self.leases.held(sid) as lease:
             if lease is None:
                 await self.hint(sid, now_ms() + 1000)  # someone else is on it; look again soon
                 return
@@ -396,57 +270,13 @@ class Archiver:
                 log.warning("lost the lease of %s during a round; stopped it", keys.path_of(sid))
                 await self.hint(sid, now_ms() + 1000)
 
-    # -- the lease ----------------------------------------------------------
-
-    @contextlib.asynccontextmanager
-    async def _leased(self, sid: str) -> AsyncIterator[Lease | None]:
-        """The stream's lease (None: another worker holds it), renewed in the
-        background while the body runs, released after."""
-        token = f"{self.name}:{uuid.uuid4().hex}"
-        started = time.monotonic()
-        if not await self.redis.set(keys.lease(sid), token, nx=True, px=int(self.lease_seconds * 1000)):
-            yield None
-            return
-        lease = Lease(sid, token, self.lease_seconds, started + self.lease_seconds)
-        renewal = asyncio.create_task(self._renew(lease))
-        try:
-            yield lease
-        finally:
-            renewal.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await renewal
-            with contextlib.suppress(Exception):  # fenced: frees it only if still ours; else it expires
-                await self._call(ARCHIVE_LEASE.name, lease, 0)
-
-    async def _renew(self, lease: Lease) -> None:
-        """Extend the lease every third of its length; mark it lost when Redis says
-        it is no longer ours, or when it could not be renewed in time."""
-        while not lease.lost:
-            await asyncio.sleep(lease.seconds / 3)
-            sent = time.monotonic()
-            if sent >= lease.valid_until:
-                lease.lost = True
-                return
-            try:
-                result = await self._call(ARCHIVE_LEASE.name, lease, int(lease.seconds * 1000))
-            except Exception as error:  # Redis unreachable: try again until the lease runs out
-                log.warning("renewing the lease of %s failed: %s", keys.path_of(lease.sid), error)
-                continue
-            if status_of(result) != "ok":
-                lease.lost = True
-                return
-            lease.valid_until = sent + lease.seconds
-            self.heartbeat.beat()  # a long round (a large file) still shows progress
-
-    # -- one round ----------------------------------------------------------
-
     async def _round(self, lease: Lease) -> bool:
         """One step of work on a stream; False when there is nothing more to do now."""
         sid = lease.sid
         raw = await self.redis.hgetall(keys.stream_keys(sid)[0])
         if not raw:
             return False
-        meta = {_text(k): _text(v) for k, v in raw.items()}
+        meta = {text(k): text(v) for k, v in raw.items()}
         inc = meta.get("inc") or uuid.uuid4().hex[:16]
         members = cast(
             ScoredMembers, await self.redis.zrange(keys.segments(sid, inc), 0, -1, withscores=True)
@@ -455,35 +285,20 @@ class Archiver:
         pending = [Segment.parse(m) for m, score in members if score == PENDING]
         committed = [Segment.parse(m) for m, score in members if score >= 0]
         if garbage:
-            await self._remove(lease, inc, garbage)
+            await self.files.remove(lease, inc, garbage)
         if pending:
-            return await self._write_and_commit(lease, meta, inc, _Job(pending[0], None))
+            return await self.files.write_and_commit(lease, meta, inc, Job(pending[0], None))
         if self.policy.retention_ms and committed:
-            cutoff = now_ms() - self.policy.retention_ms
-            retained = ArchiveRetained(*await self._fenced(ARCHIVE_RETAIN.name, lease, inc, cutoff))
-            if retained.dropped:
-                await self._remove(lease, inc, [Segment.parse(m) for m in retained.dropped])
+            await self.files.retain(lease, inc, now_ms() - self.policy.retention_ms)
         job = await self._plan(lease, meta, inc, committed[-1] if committed else None)
         if job is None:
             return False
-        # Indexed before the set is first written, so reconciliation finds it once the stream is gone.
-        await self.redis.sadd(keys.ARCHIVE_SEGSETS, keys.segments(sid, inc))
-        staged = await self._fenced(
-            ARCHIVE_STAGE.name,
-            lease,
-            inc,
-            job.segment.start,
-            job.segment.end,
-            job.segment.first_ms,
-            job.segment.last_ms,
-            job.segment.file,
-        )
-        status = status_of(staged)
+        status = await self.files.stage(lease, inc, job.segment)
         if status == "ok":
-            return await self._write_and_commit(lease, meta, inc, job)
+            return await self.files.write_and_commit(lease, meta, inc, job)
         return status in ("busy", "moved")  # plan again from what Redis says now
 
-    async def _plan(self, lease: Lease, meta: dict[str, str], inc: str, last: Segment | None) -> _Job | None:
+    async def _plan(self, lease: Lease, meta: dict[str, str], inc: str, last: Segment | None) -> Job | None:
         """The next range to archive, or None (nothing due; re-hinted for later).
 
         Entries are *movable* once past the hot window (older than ``hot_ms`` and
@@ -492,11 +307,11 @@ class Archiver:
         first entry became movable, or when it is closed or deleted; a due round
         takes every movable entry (up to a file and within one UTC day)."""
         sid, policy, now = lease.sid, self.policy, now_ms()
-        start = _log_start(meta)
+        start = log_start(meta)
         limit = int(meta["tail"]) - policy.hot_bytes
         if limit <= start:
             return None
-        head = await self._first(lease, start, _is_json(meta))
+        head = await self.files.first(lease, start, is_json(meta))
         if head is None or head.end > limit:
             return None  # the log's first entry is still inside the byte window
         eligible = await self._movable_since(lease, head)
@@ -515,7 +330,7 @@ class Archiver:
         size = 0
         day = ""
         room = policy.file_bytes
-        async for row in self._log(lease, start, _is_json(meta)):
+        async for row in self.files.rows(lease, start, is_json(meta)):
             if row.end > limit:
                 break
             if row.append_ms > young:  # past the byte window, not yet old enough: look again then
@@ -539,13 +354,7 @@ class Archiver:
         first_ms = merge.first_ms if merge else rows[0].append_ms
         end = rows[-1].end
         name = file_name(keys.path_of(sid), inc, first, end, first_ms)
-        return _Job(Segment(first, end, first_ms, rows[-1].append_ms, name), rows)
-
-    async def _first(self, lease: Lease, start: int, json: bool) -> Row | None:
-        """The log's first entry (the one at ``start``), or None if the log is empty."""
-        stream = keys.stream_keys(lease.sid)[1]
-        page = cast(LogPage, await self.redis.xrange(stream, min=offsets.entry_id(start), max="+", count=1))
-        return _row(*page[0], json) if page else None
+        return Job(Segment(first, end, first_ms, rows[-1].append_ms, name), rows)
 
     async def _movable_since(self, lease: Lease, row: Row) -> int:
         """When ``row`` left the hot window (ms): once it was ``hot_ms`` old, and once the
@@ -562,219 +371,6 @@ class Archiver:
             if holder:
                 pushed = int(holder[0][1][b"t"])
         return max(row.append_ms + self.policy.hot_ms, pushed)
-
-    async def _write_and_commit(self, lease: Lease, meta: dict[str, str], inc: str, job: _Job) -> bool:
-        sid, segment = lease.sid, job.segment
-        start = _log_start(meta)
-        rows = job.rows
-        if rows is None:
-            rows = [row async for row in self._log(lease, start, _is_json(meta), segment.end)]
-        parts: list[pa.Table] = []
-        if segment.start < start:  # merging: the last file's rows come first
-            at = segment.start
-            replaced = cast(
-                Members, await self.redis.zrangebyscore(keys.segments(sid, inc), at, at, start=0, num=1)
-            )
-            old = Segment.parse(replaced[0])
-            parts.append(await asyncio.to_thread(self.archive.read, old.file))
-        parts.append(to_table(keys.path_of(sid), inc, meta["ct"], rows))
-        table = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
-        lease.check()  # a pause may have outlasted the lease: then another worker redoes this file
-        await asyncio.to_thread(self.archive.write, segment.file, table, self.policy.row_group_bytes)
-        result = await self._call(ARCHIVE_COMMIT.name, lease, inc, segment.member)
-        status = status_of(result)
-        if status == "lost":  # the file may be the new holder's (same name) or already merged away
-            lease.lost = True
-            await self._delete_unnamed(lease, inc, [segment])
-            raise LeaseLost(keys.path_of(sid))
-        if status == "committed":  # a retried call whose first reply was lost: done
-            return True
-        if status != "ok":  # the stream went away meanwhile
-            await self._remove(lease, inc, [segment])
-            return False
-        archived = sum(r.end - r.position for r in rows)
-        self.archived_bytes += archived
-        self.files_written += 1
-        metrics.ARCHIVED_BYTES.inc(archived)
-        metrics.ARCHIVE_FILES.inc()
-        committed = ArchiveCommitted(*result)
-        if _text(committed.replaced):
-            await self._remove(lease, inc, [Segment.parse(committed.replaced)])
-        return True
-
-    async def _log(self, lease: Lease, start: int, json: bool, end: int | None = None) -> AsyncIterator[Row]:
-        """The log's entries from ``start`` (to ``end``, exclusive), read a page at a time."""
-        cursor, last = offsets.entry_id(start), "+" if end is None else "(" + offsets.entry_id(end)
-        stream = keys.stream_keys(lease.sid)[1]
-        while page := cast(LogPage, await self.redis.xrange(stream, min=cursor, max=last, count=PAGE)):
-            lease.check()  # a long read: stop early once the lease is gone
-            for entry_id, fields in page:
-                yield _row(entry_id, fields, json)
-            cursor = "(" + _text(page[-1][0])
-
-    async def _remove(self, lease: Lease, inc: str, segments: list[Segment]) -> None:
-        """Delete files, then forget them (in that order: a crash leaves a record, not a stray file)."""
-        if not segments:
-            return
-        await self._delete_unnamed(lease, inc, segments)
-        members = [s.member for s in segments]
-        for i in range(0, len(members), FORGET_BATCH):
-            await self._fenced(ARCHIVE_FORGET.name, lease, inc, *members[i : i + FORGET_BATCH])
-
-    async def _delete_unnamed(self, lease: Lease, inc: str, segments: Iterable[Segment]) -> None:
-        """Delete the segments' files, but none that a committed or staged segment of a
-        live incarnation names: a read (or the lease holder's commit) needs those."""
-        files = sorted({s.file for s in segments})
-        keep: set[str] = set()
-        for i in range(0, len(files), FORGET_BATCH):
-            named = await self._call(ARCHIVE_NAMED.name, lease, inc, *files[i : i + FORGET_BATCH])
-            keep.update(_text(f) for f in named)
-        if self.scripts.replica_ack is not None and set(files) - keep:
-            # --min-replicas-ack: what freed these files (a commit, retention, a delete) must be
-            # on the replicas before the files go, or a failover brings back a record naming
-            # them. Replication is in order: a write that waits for the replicas (the lease's
-            # renewal) confirms everything before it. NotReplicated: keep them, for now.
-            await self._call(ARCHIVE_LEASE.name, lease, int(lease.seconds * 1000))
-        for file in files:
-            if file not in keep:
-                await asyncio.to_thread(self.archive.delete, file)
-
-    # -- reconciliation -----------------------------------------------------
-
-    async def reconcile(self, force: bool = False) -> bool:
-        """Hint streams with unarchived data (hints can be lost) and remove the
-        archives of streams that are gone. One worker per interval does it."""
-        ttl = max(int(self.reconcile_seconds * 1000) - 500, 1)
-        if not force and not await self.redis.set(keys.ARCHIVE_RECONCILE, self.name, nx=True, px=ttl):
-            return False
-        now = now_ms()
-        if not self._legacy_indexed:
-            await self._index_legacy_segsets()
-        async for batch in _batches(self._scan(keys.META_PATTERN)):
-            await self._hint_unarchived(batch, now)
-        async for batch in _batches(self.redis.sscan_iter(keys.ARCHIVE_SEGSETS, count=1000)):
-            for key in await self._maybe_dead(batch):
-                try:
-                    await self._remove_if_dead(key)
-                except Exception as exc:  # one bad entry must not stop the pass
-                    if unavailable(exc):
-                        raise
-                    log.exception("removing the archive %r failed; will retry", key)
-                self.heartbeat.beat()  # each removal (files deleted) is progress
-            self.heartbeat.beat()
-        return True
-
-    async def _scan(self, match: str, type_: str | None = None) -> AsyncIterator[bytes | str]:
-        """SCAN's keys (``scan_pages``: every primary of a cluster), with a heartbeat per page
-        visited, matching or not: on a Redis shared with many keys of others a pass may read
-        thousands of pages that match nothing, and that is progress, not a stall
-        (--archive-stall-seconds)."""
-        async for found in scan_pages(self.redis, match, type_=type_):
-            self.heartbeat.beat()
-            for key in found:
-                yield key
-
-    async def _index_legacy_segsets(self) -> None:
-        """Once per process: index segment sets that no index names, e.g. those of
-        streams deleted before workers kept the index (an upgrade). Only sorted sets
-        whose names parse as segment-set names: user-chosen paths cannot match."""
-        legacy = self._scan(f"{keys.PREFIX}:*:segs:*", "zset")
-        async for batch in _batches(legacy):
-            found = []
-            for key in batch:
-                with contextlib.suppress(ValueError):
-                    keys.split_segments_key(key)
-                    found.append(key)
-            if found:
-                await self.redis.sadd(keys.ARCHIVE_SEGSETS, *found)
-        self._legacy_indexed = True
-
-    async def _hint_unarchived(self, meta_keys: list[str], now: int) -> None:
-        """Hint streams past their hot window; index their segment sets (a repair:
-        an index entry may be missing, e.g. for sets written before the index)."""
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for key in meta_keys:
-                pipe.hmget(key, "tail", "arch", "base", "inc")
-            states = await pipe.execute(raise_on_error=False)
-        due: dict[str, int] = {}
-        indexed: list[str] = []
-        for key, state in zip(meta_keys, states, strict=True):
-            try:  # per key: one odd key (a wrong type, a bad value) must not stop the pass
-                if isinstance(state, Exception):
-                    raise state
-                tail, arch, base, inc = state
-                if tail is None:
-                    continue
-                sid = keys.key_stream_id(key)
-                past_window = int(tail) - self.policy.hot_bytes > int(arch or base or 0)
-                if past_window or (self.policy.retention_ms and inc):
-                    due[sid] = now
-                if inc:
-                    indexed.append(keys.segments(sid, _text(inc)))
-            except Exception as error:
-                log.warning("skipped %r while looking for unarchived data: %s", key, error)
-        if due:
-            await add_hints(self.redis, self.hint_keys, due, nx=True)
-        if indexed:
-            await self.redis.sadd(keys.ARCHIVE_SEGSETS, *indexed)
-
-    async def _maybe_dead(self, segment_keys: list[str]) -> list[str]:
-        """The index entries whose stream no longer has that incarnation at first sight
-        (one pipelined read; the verdict is checked again under the stream's lease)."""
-        parsed: list[tuple[str, str, str]] = []
-        out: list[str] = []
-        for key in segment_keys:
-            try:
-                sid, inc = keys.split_segments_key(key)
-            except ValueError:  # not a segment set's name: nothing of ours to remove
-                log.warning("dropped %r from %s: not a segment set", key, keys.ARCHIVE_SEGSETS)
-                await self.redis.srem(keys.ARCHIVE_SEGSETS, key)
-                continue
-            parsed.append((key, sid, inc))
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for _, sid, _ in parsed:
-                pipe.hget(keys.stream_keys(sid)[0], "inc")
-            incs = await pipe.execute(raise_on_error=False)
-        for (key, _, inc), current in zip(parsed, incs, strict=True):
-            if isinstance(current, Exception) or current is None or _text(current) != inc:
-                out.append(key)
-        return out
-
-    async def _remove_if_dead(self, key: str) -> None:
-        """Remove a dead incarnation's files, its segment set, then its index entry;
-        under the stream's lease (busy: next pass), so no round races it."""
-        sid, inc = keys.split_segments_key(key)
-        async with self._leased(sid) as lease:
-            if lease is None:
-                return
-            if status_of(await self._fenced(ARCHIVE_CHECK.name, lease, inc)) != "dead":
-                return
-            members = cast(Members, await self.redis.zrange(key, 0, -1))
-            await self._remove(lease, inc, [Segment.parse(m) for m in members])
-            if members:
-                log.info("removed the archive of %s (%d files)", keys.path_of(sid), len(members))
-            if not await self.redis.exists(key):  # dead: nothing writes it again
-                await self.redis.srem(keys.ARCHIVE_SEGSETS, key)
-
-    async def drain(self) -> None:
-        """Work until no hint is due (tests, ``--once``)."""
-        await self.scripts.load()
-        await self.announce()
-        await self.reconcile(force=True)
-        while await self.work_once():
-            pass
-
-
-async def _batches(items: AsyncIterator[Any], size: int = 500) -> AsyncIterator[list[str]]:
-    """Key names from a SCAN-style iterator, as text, ``size`` at a time."""
-    batch: list[str] = []
-    async for item in items:
-        batch.append(_text(item))
-        if len(batch) >= size:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
 
 
 def policy_of(settings: Settings) -> Policy:
