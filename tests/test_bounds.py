@@ -25,9 +25,10 @@ from aiohttp.client_exceptions import ClientConnectionResetError
 from aiohttp.test_utils import make_mocked_request
 
 from gateway.config import Settings
-from gateway.http.app import GATEWAY, endpoint
+from gateway.http.app import GATEWAY
 from gateway.http.bodies import BodyBudget
 from gateway.http.context import Gateway
+from gateway.http.endpoint import endpoint
 from gateway.http.guard import Guard
 from gateway.protocol import offsets
 from gateway.redis_io import keys
