@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import tempfile
@@ -34,6 +35,28 @@ from .cluster import Cluster, cluster_unavailable, start_cluster
 # Gateways the tests stop with SIGTERM stop at once rather than serving on for the rolling-
 # update delay (5 s each): tests/test_rolling_update.py sets and checks the delay itself.
 os.environ.setdefault("DURABLE_STREAMS_SHUTDOWN_DELAY_SECONDS", "0")
+
+
+def terminate(proc: subprocess.Popen, seconds: float = 10) -> int:
+    """SIGTERM, then SIGKILL if it has not exited within ``seconds``: its exit code."""
+    proc.terminate()
+    try:
+        return proc.wait(seconds)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
+
+
+def stop_gracefully(proc: subprocess.Popen, seconds: float = 40) -> int:
+    """SIGTERM and the exit code; a process still running after ``seconds`` is killed and
+    the test fails (a graceful stop is what it checks)."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(seconds)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
 
 
 def free_port() -> int:

@@ -38,7 +38,7 @@ from gateway.redis_io.scripts import connect_scripts, replica_ack
 from workers.archiver import Archiver, Policy, now_ms
 
 from .cluster import Cluster, Node
-from .conftest import read_all, start_gateway
+from .conftest import read_all, start_gateway, terminate
 from .test_archive import check_once, transcript
 
 OCTET = {"Content-Type": "application/octet-stream"}
@@ -221,12 +221,7 @@ async def test_the_archive_command_on_a_cluster(cluster, client, cluster_archive
                 await check_once(client, Archive(cluster_archive), sid, data[sid])
                 assert await read_all(http, f"{base}/{sid}") == data[sid]
     finally:
-        worker.terminate()
-        try:
-            worker.wait(30)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            worker.wait()
+        terminate(worker, 30)
     assert worker.returncode == 0, (tmp_path / "worker.log").read_text()
 
 

@@ -39,7 +39,7 @@ from redis.asyncio import Redis
 
 from gateway.redis_io import keys
 
-from .conftest import free_port, read_all, wait_ready
+from .conftest import free_port, read_all, terminate, wait_ready
 from .webhooks import LOOPBACK, finish, receiver
 
 DASHBOARDS = Path(__file__).resolve().parents[1] / "helm" / "durable-streams" / "files" / "dashboards"
@@ -111,12 +111,7 @@ def process(args: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
     try:
         yield proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        terminate(proc, 30)
 
 
 def scrape(port: int, seconds: float = 30) -> str:
@@ -197,12 +192,7 @@ def prometheus(binary: str, ports: dict[str, int]) -> Iterator[str]:
                 time.sleep(0.1)
             yield base
         finally:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            terminate(proc, 10)
 
 
 def scraped_after(base: str, moment: float, targets: int, seconds: float = 30) -> float:

@@ -25,7 +25,7 @@ from gateway.cli.embedded import EmbeddedRedis
 from gateway.config import Settings
 from gateway.http.app import create_app
 
-from .conftest import free_port, own_redis_server, read_all, redis_server_binary
+from .conftest import free_port, own_redis_server, read_all, redis_server_binary, stop_gracefully
 
 TEXT = {"Content-Type": "text/plain"}
 
@@ -82,16 +82,6 @@ def _redis_pid(proc: subprocess.Popen, data_dir: Path) -> int:
         if "redis-server" in cmdline and str(data_dir.resolve()) in cmdline:
             return int(pid)
     raise AssertionError(f"no redis-server child of {proc.pid}: {children}")
-
-
-def _stop(proc: subprocess.Popen) -> int:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-    try:
-        return proc.wait(40)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        raise
 
 
 async def _status(http: aiohttp.ClientSession, url: str) -> int:
@@ -164,7 +154,7 @@ async def test_a_killed_embedded_redis_is_restarted(tmp_path: Path, workers: int
             stored = await read_all(http, url)
     finally:
         stop.set()
-        code = _stop(proc)
+        code = stop_gracefully(proc)
     assert code == 0, log.read_text()
     assert [item for item in acked if item not in stored] == []
     for n in range(4):

@@ -7,7 +7,6 @@ stops the server with one line and a non-zero exit code."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -22,7 +21,7 @@ import redis
 from gateway.cli.embedded import EmbeddedRedis
 from gateway.redis_io import keys, layout
 
-from .conftest import free_port, redis_server_binary, start_gateway
+from .conftest import free_port, redis_server_binary, start_gateway, stop_gracefully
 
 TEXT = {"Content-Type": "text/plain"}
 
@@ -64,16 +63,6 @@ def _wait_for(url: str, status: int, proc: subprocess.Popen[bytes], log: Path, s
     raise AssertionError(f"{url} never answered {status}:\n{log.read_text()}")
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> int:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-    try:
-        return proc.wait(40)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        raise
-
-
 def _assert_clean(log: Path) -> str:
     text = log.read_text()
     assert "Traceback" not in text, text
@@ -109,7 +98,7 @@ def test_serve_starts_without_redis_and_serves_once_it_is_there(tmp_path: Path, 
         with urllib.request.urlopen(f"{url}?offset=-1", timeout=5) as r:
             assert r.read() == b"first second"
     finally:
-        code = _stop(proc)
+        code = stop_gracefully(proc)
         server.stop()
     assert code == 0, log.read_text()
     text = _assert_clean(log)
@@ -140,7 +129,7 @@ def test_archive_worker_waits_for_redis(tmp_path: Path) -> None:
         assert client.get(keys.LAYOUT) == str(layout.CURRENT).encode()
         assert _status(health)[0] == 200
     finally:
-        code = _stop(proc)
+        code = stop_gracefully(proc)
         server.stop()
     assert code == 0, log.read_text()
     text = _assert_clean(log)
@@ -169,7 +158,7 @@ def test_a_refusal_found_once_redis_answers_stops_the_server(tmp_path: Path, wor
         server.start()
         code = proc.wait(60)
     finally:
-        _stop(proc)
+        stop_gracefully(proc)
         server.stop()
     text = log.read_text()
     assert code != 0, text

@@ -26,6 +26,8 @@ from aiohttp import web
 
 from gateway.protocol.webhooks import verify
 
+from .conftest import terminate
+
 LOOPBACK = "127.0.0.0/8"
 
 
@@ -122,12 +124,7 @@ def command(*args: str, log: Path | None = None) -> Iterator[subprocess.Popen[by
         if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(proc.pid, signal.SIGCONT)
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            terminate(proc, 10)
 
 
 def deliver_worker(
