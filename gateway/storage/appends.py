@@ -85,6 +85,7 @@ def encoded(args: list[Any]) -> list[bytes]:
 
 
 Queued = tuple[str, AppendRequest, list[bytes]]  # stream id, the append, its encoded arguments
+_KEYS_KEPT = 4096  # streams whose append.lua keys are remembered (then forgotten all at once)
 
 
 class Appends:
@@ -92,6 +93,8 @@ class Appends:
         self.scripts = scripts
         self.hints = hints
         self.notice_payload_bytes = notice_payload_bytes
+        # A stream's keys for append.lua, made once rather than six f-strings per append.
+        self._keys: dict[str, list[str]] = {}
         self._batcher: Batcher[Queued, Any] = Batcher(
             self._append_batch,
             max_items=MAX_BATCH_ENTRIES,
@@ -244,14 +247,22 @@ class Appends:
         args: list[Any] = [self.notice_payload_bytes, keys.SUBS_WAKE_CHANNEL]
         order: list[int] = []
         for sid, indexes in by_stream.items():
-            script_keys += keys.stream_keys(sid)
-            script_keys.append(keys.stream_subs(sid))
+            script_keys += self._stream_keys(sid)
             args.append(len(indexes))
             for i in indexes:
                 args += batch[i][2]
             order += indexes
         script_keys.append(keys.subs_outbox(batch[part[0]][0], self.scripts.cluster))
         return script_keys, args, order
+
+    def _stream_keys(self, sid: str) -> list[str]:
+        """A stream's part of append.lua's KEYS: its five keys, then its subscription links."""
+        found = self._keys.get(sid)
+        if found is None:
+            if len(self._keys) >= _KEYS_KEPT:
+                self._keys.clear()
+            found = self._keys[sid] = [*keys.stream_keys(sid), keys.stream_subs(sid)]
+        return found
 
 
 def _steps(entries: list[LogEntry], limit: int) -> list[list[LogEntry]]:
