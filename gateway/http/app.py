@@ -46,7 +46,9 @@ PAUSE_TASK = web.AppKey("pause_task", asyncio.Task)  # write backpressure's poll
 PREFLIGHT_TASK = web.AppKey("preflight_task", asyncio.Task)
 EMBEDDED_REDIS = web.AppKey("embedded_redis", str)  # the URL of the Redis this server runs itself
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-Admit = Callable[[Guard, web.Request], Awaitable[None]]  # a Guard check a route's requests pass
+# A Guard check a route's requests pass: raises a refusal, or returns what to await for the
+# rest of it (None: nothing; Guard.admit_stream without access control).
+Admit = Callable[[Guard, web.Request], Awaitable[None] | None]
 
 
 def _error_response(request: web.Request, exc: Exception) -> web.Response:
@@ -107,8 +109,8 @@ def endpoint(
             try:
                 if storage and not gw.preflight.ready and request.method != "OPTIONS":
                     raise ProtocolError(503, "storage not ready yet, retry", {"Retry-After": "2"})
-                if admit is not None:
-                    await admit(gw.guard, request)
+                if admit is not None and (pending := admit(gw.guard, request)) is not None:
+                    await pending
                 response = await handler(request)
             except Exception as exc:
                 response = _error_response(request, exc)
@@ -389,6 +391,7 @@ def create_app(
         gw.store.hints.stop()
         if gw.guard.pause is not None:
             gw.guard.pause.stop()
+        metrics.flush_requests()  # the last second's requests, into the metrics' files (multiprocess)
         for name, step in (
             ("access control", gw.guard.close()),
             ("archive hints", app[HINTS_TASK]),

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
 import time
+from collections.abc import Awaitable
 from urllib.parse import quote, unquote, urlencode
 
 import orjson
@@ -64,8 +66,15 @@ def stream_name(path: str, max_length: int) -> str:
 
 
 def _sid(request: web.Request) -> str:
-    settings = gateway_of(request).settings
-    return keys.stream_id(stream_name(request.match_info["path"], settings.max_path_bytes))
+    return _stream_id(request.match_info["path"], gateway_of(request).settings.max_path_bytes)
+
+
+@functools.lru_cache(maxsize=4096)
+def _stream_id(path: str, max_length: int) -> str:
+    """A valid stream path's id, remembered for the streams in use: validating a path
+    (encoding, a regex, two splits) cost every request ~1.5 µs. A bad path raises, and
+    exceptions are not cached: it is refused the same way every time."""
+    return keys.stream_id(stream_name(path, max_length))
 
 
 def _path_on_server(request: web.Request, value: str, what: str) -> str:
@@ -81,10 +90,11 @@ def _path_on_server(request: web.Request, value: str, what: str) -> str:
     return stream_name(path, settings.max_path_bytes)
 
 
-async def _body(request: web.Request) -> bytes:
+def _body(request: web.Request) -> Awaitable[bytes]:
+    """The request's body, to await (not a coroutine of its own: see ``read_body``)."""
     gw = gateway_of(request)
     s = gw.settings
-    return await read_body(request, max_bytes=s.max_body_bytes, timeout=s.body_timeout, budget=gw.bodies)
+    return read_body(request, max_bytes=s.max_body_bytes, timeout=s.body_timeout, budget=gw.bodies)
 
 
 # JSON bodies larger than this are parsed in a thread: packing millions of messages takes
