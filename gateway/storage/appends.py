@@ -63,6 +63,31 @@ class AppendRequest:
         head += [self.if_match, self.expected_offset, self.token, self.total if self.token else ""]
         return [*head, len(self.entries), *flatten(self.entries)]
 
+    def encoded_args(self) -> list[bytes]:
+        """``encoded(self.script_args())``, made directly: the generic one tests each of an
+        append's ~13 arguments for its type (~2 µs an append); here each is known. (An
+        entry's data, a memoryview slice of a large body, passes as it is, as there.)"""
+        p = self.producer
+        out: list[Any] = [
+            _utf8(self.media_type),
+            b"1" if self.close else b"0",
+            _utf8(self.stream_seq),
+        ]
+        out += (_utf8(p.id), b"%d" % p.epoch, b"%d" % p.seq) if p else (b"", b"", b"")
+        out += (_utf8(self.if_match), _utf8(self.expected_offset), _utf8(self.token))
+        out += (b"%d" % self.total if self.token else b"", b"%d" % len(self.entries))
+        for size, data in self.entries:
+            out += (b"%d" % size, data)
+        return out
+
+
+def _utf8(value: str) -> bytes:
+    """A text argument as ``encoded`` makes it (a header value that is not UTF-8: 400)."""
+    try:
+        return value.encode()
+    except UnicodeEncodeError:
+        raise bad_request("a header value is not valid UTF-8") from None
+
 
 def encoded(args: list[Any]) -> list[bytes]:
     """Script arguments as the bytes Redis gets, encoded before the append joins a
@@ -129,7 +154,7 @@ class Appends:
         if stored_bytes(entries) > STEP_BYTES:
             result = await self._append_in_steps(sid, request)
         else:
-            args = encoded(request.script_args())
+            args = request.encoded_args()
             # Appends wait in one of a few lanes (a stream always in the same one): whatever
             # arrives while a lane's Redis round trip runs goes in its next one.
             lane = str(zlib.crc32(sid.encode()) % APPEND_LANES)
