@@ -22,6 +22,7 @@ from collections.abc import Awaitable
 
 from aiohttp import web
 
+from ..concurrency.ready import ready
 from ..protocol.errors import ProtocolError
 
 # Content-Encoding -> zlib window bits (gzip header / zlib header).
@@ -158,9 +159,12 @@ def _read_plain(
     measurable. A chunked body (no length) is counted once it is in."""
     if declared:
         budget.take(request, declared)
-    if declared is not None and request.content.is_eof():
-        # All of it is here already (small bodies come with the headers): nothing to time.
-        return request.read()
+    content = request.content
+    if declared is not None and content.is_eof():
+        # All of it is here already (small bodies come with their headers): taken as the
+        # parser handed it over (joined only if it came in pieces), not through aiohttp's
+        # read, which is a coroutine and copies it twice (into a bytearray, then out).
+        return ready(content.read_nowait())
     return _read_arriving(request, declared, max_bytes, timeout, budget)
 
 
