@@ -301,32 +301,36 @@ class RequestTally:
         # (route, method, status) -> [count, sum of seconds, one count per bucket]
         self._pending: dict[tuple[str, str, int], list[Any]] = {}
         self._children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer_loop: asyncio.AbstractEventLoop | None = None  # where a flush is due, if any
 
     def observe(self, route: str, method: str, status: int, seconds: float) -> None:
         key = (route, method, status)
         found = self._pending.get(key)
-        if found is None:
-            if not self._pending:
-                self._flush_soon()
+        if found is None:  # a key's first request since the last flush: see that one is due
+            self._flush_soon()
             found = self._pending[key] = [0, 0.0, [0] * len(self._bounds)]
         found[0] += 1
         found[1] += seconds
         found[2][bisect.bisect_left(self._bounds, seconds)] += 1  # the last bound is +Inf
 
     def _flush_soon(self) -> None:
-        if self._timer is not None:
-            return
+        """A flush within FLUSH_SECONDS on the running loop (one due on a loop that has
+        since closed, as in tests, does not count). Never cancelled: one due after a
+        render's flush adds what came since."""
         try:
-            self._timer = asyncio.get_running_loop().call_later(self.FLUSH_SECONDS, self.flush)
-        except RuntimeError:  # no event loop (a script, a test): nobody would flush later
-            self._timer = None
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no event loop (a script): render() and cleanup flush
+            return
+        if self._timer_loop is not loop:
+            self._timer_loop = loop
+            loop.call_later(self.FLUSH_SECONDS, self._flush_due)
+
+    def _flush_due(self) -> None:
+        self._timer_loop = None
+        self.flush()
 
     def flush(self) -> None:
         """Add what was tallied to the prometheus-client values."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
         pending, self._pending = self._pending, {}
         for key, (count, total, buckets) in pending.items():
             found = self._children.get(key)
