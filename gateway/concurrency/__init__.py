@@ -4,5 +4,6 @@
 the next) and ``singleflight.py`` (identical concurrent calls share one run).
 Used by storage (batched appends, shared live reads) and by the archive's
 cold reader (shared file loads). ``backoff.py``: how long to wait before trying
-again (a process waiting for Redis).
+again (a process waiting for Redis). ``ready.py``: a value already known, for
+callers that await one (the request handlers' fast paths).
 """

@@ -135,7 +135,9 @@ async def admit_bucket_stream(guard: Guard, request: web.Request) -> None:
     stream needs its bucket to exist (``/v1/stream/`` never asks)."""
     info = request.match_info
     name, info["path"] = bucket_stream(info["bucket"], info["stream"])
-    await guard.admit_stream(request)
+    pending = guard.admit_stream(request)
+    if pending is not None:
+        await pending
     if request.method == "PUT" and not await gateway_of(request).store.bucket_exists(name):
         raise _not_found(name)
 

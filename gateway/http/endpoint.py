@@ -22,7 +22,9 @@ from .guard import Guard
 log = logging.getLogger(__name__)
 limited = RateLimited(log)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-Admit = Callable[[Guard, web.Request], Awaitable[None]]  # a Guard check a route's requests pass
+# A Guard check a route's requests pass: raises a refusal, or returns what to await for the
+# rest of it (None: nothing; Guard.admit_stream without access control).
+Admit = Callable[[Guard, web.Request], Awaitable[None] | None]
 
 
 def error_response(request: web.Request, exc: Exception) -> web.Response:
@@ -83,8 +85,8 @@ def endpoint(
             try:
                 if storage and not gw.preflight.ready and request.method != "OPTIONS":
                     raise ProtocolError(503, "storage not ready yet, retry", {"Retry-After": "2"})
-                if admit is not None:
-                    await admit(gw.guard, request)
+                if admit is not None and (pending := admit(gw.guard, request)) is not None:
+                    await pending
                 response = await handler(request)
             except Exception as exc:
                 response = error_response(request, exc)

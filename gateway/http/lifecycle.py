@@ -122,6 +122,7 @@ def install(
             trying.cancel()
         if gw.guard.pause is not None:
             gw.guard.pause.stop()
+        metrics.flush_requests()  # the last second's requests, into the metrics' files (multiprocess)
         for name, step in (
             ("access control", gw.guard.close()),
             ("write backpressure", app[PAUSE_TASK]),

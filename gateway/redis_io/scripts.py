@@ -249,7 +249,7 @@ class Scripts:
         """Run a script on the node serving its keys (all of one slot)."""
         script = self._scripts[name]
         if self._direct:
-            return await script(keys=script_keys, args=list(args))
+            return await connections.run_script(cast(Redis, self._redis), script, script_keys, args)
         one = [(script_keys, args)]
         replies = await self.route.pipeline(
             script_keys[0], lambda pipe: self._queue(pipe, name, one), raise_on_error=False

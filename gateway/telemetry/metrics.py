@@ -19,6 +19,8 @@ it once, at import.
 
 from __future__ import annotations
 
+import asyncio
+import bisect
 import os
 import platform
 import re
@@ -288,25 +290,84 @@ def child(metric: Any, *labels: str) -> Any:
     return found
 
 
-_request_children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+class RequestTally:
+    """ds_http_requests_total and ds_http_request_duration_seconds, tallied here in plain
+    Python and added to prometheus-client's values in bulk: before every render (a scrape
+    of this process sees every request answered before it) and at most a second after a
+    request (what another worker's scrape reads in multiprocess mode, and what is left at
+    exit: ``flush`` from the app's cleanup). prometheus-client takes a lock per value and
+    walks the histogram's buckets in Python on every call: ~1.8 µs a request, against
+    ~0.3 µs for a tally (measured at 10k appends/s).
+
+    The bulk add writes the histogram child's ``_sum`` and ``_buckets`` (one value per
+    upper bound, not cumulative: its own ``observe`` increments the first bucket whose
+    bound is at least the amount), which prometheus-client has kept since 0.4; a test
+    checks the exposition against ``observe``'s (tests/test_request_tally.py)."""
+
+    FLUSH_SECONDS = 1.0
+
+    def __init__(self, counter: Counter, histogram: Histogram) -> None:
+        self._counter, self._histogram = counter, histogram
+        self._bounds: list[float] = list(histogram._upper_bounds)
+        # (route, method, status) -> [count, sum of seconds, one count per bucket]
+        self._pending: dict[tuple[str, str, int], list[Any]] = {}
+        self._children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+        self._timer_loop: asyncio.AbstractEventLoop | None = None  # where a flush is due, if any
+
+    def observe(self, route: str, method: str, status: int, seconds: float) -> None:
+        key = (route, method, status)
+        found = self._pending.get(key)
+        if found is None:  # a key's first request since the last flush: see that one is due
+            self._flush_soon()
+            found = self._pending[key] = [0, 0.0, [0] * len(self._bounds)]
+        found[0] += 1
+        found[1] += seconds
+        found[2][bisect.bisect_left(self._bounds, seconds)] += 1  # the last bound is +Inf
+
+    def _flush_soon(self) -> None:
+        """A flush within FLUSH_SECONDS on the running loop (one due on a loop that has
+        since closed, as in tests, does not count). Never cancelled: one due after a
+        render's flush adds what came since."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no event loop (a script): render() and cleanup flush
+            return
+        if self._timer_loop is not loop:
+            self._timer_loop = loop
+            loop.call_later(self.FLUSH_SECONDS, self._flush_due)
+
+    def _flush_due(self) -> None:
+        self._timer_loop = None
+        self.flush()
+
+    def flush(self) -> None:
+        """Add what was tallied to the prometheus-client values."""
+        pending, self._pending = self._pending, {}
+        for key, (count, total, buckets) in pending.items():
+            found = self._children.get(key)
+            if found is None:
+                route, method, status = key
+                found = self._children[key] = (
+                    self._counter.labels(route, method, str(status)),
+                    self._histogram.labels(route, method),
+                )
+            found[0].inc(count)
+            histogram = found[1]
+            histogram._sum.inc(total)
+            for value, n in zip(histogram._buckets, buckets, strict=True):
+                if n:
+                    value.inc(n)
 
 
-def observe_request(route: str, method: str, status: int, seconds: float) -> None:
-    """One answered request: its count and duration (children found with one lookup)."""
-    key = (route, method, status)
-    found = _request_children.get(key)
-    if found is None:
-        found = _request_children[key] = (
-            REQUESTS.labels(route, method, str(status)),
-            REQUEST_SECONDS.labels(route, method),
-        )
-    found[0].inc()
-    found[1].observe(seconds)
+_requests = RequestTally(REQUESTS, REQUEST_SECONDS)
+observe_request = _requests.observe  # one answered request: its count and duration
+flush_requests = _requests.flush
 
 
 def render() -> tuple[bytes, str]:
     """The exposition text of this process, or of all processes in multiprocess mode."""
     global _worker_processes
+    flush_requests()
     folder = os.environ.get(MULTIPROC_ENV)
     if folder:
         registry = CollectorRegistry()
