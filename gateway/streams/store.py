@@ -19,7 +19,6 @@ the parts' own methods.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections.abc import Callable
 
@@ -86,7 +85,8 @@ class Store:
         self._snapshots = Snapshots(scripts, cold.archive)
         self._stats = Reader(scripts)
         self._registry = Registry(self._make_registry, self._registry_append, enabled=stream_registry)
-        self._tasks: list[asyncio.Task[None]] = []
+        self._hints_task: asyncio.Task[None] | None = None
+        self._sweep_task: asyncio.Task[None] | None = None
         if scripts.cluster:  # the outbox's table of slot tags, now (~0.5 s) rather than at an append
             keys.subs_outbox("", cluster=True)
 
@@ -134,21 +134,21 @@ class Store:
 
     def start(self) -> None:
         """The background work: archive hints sent each second, the stream index swept."""
-        self._tasks = [
-            asyncio.create_task(self._hints.run(), name="archive hints"),
-            asyncio.create_task(self._index_sweep.run(), name="index sweep"),
-        ]
+        self._hints_task = asyncio.create_task(self._hints.run(), name="archive hints")
+        self._sweep_task = asyncio.create_task(self._index_sweep.run(), name="index sweep")
 
     async def close(self, step_seconds: float = 5.0) -> None:
-        """Stop the background work (the hints still marked are sent) and close the clients;
-        each step bounded, so that a Redis that does not answer cannot hold the process."""
+        """Stop the background work (the hints still marked are sent; the sweep just stops)
+        and close the clients; each of the two steps bounded, so that a Redis that does not
+        answer cannot hold the process."""
         self._hints.stop()
-        for task in self._tasks:
-            if task.get_name() == "index sweep":
+        if self._sweep_task is not None:
+            self._sweep_task.cancel()
+        running = [t for t in (self._hints_task, self._sweep_task) if t is not None]
+        if running:
+            _, late = await asyncio.wait(running, timeout=step_seconds)
+            for task in late:  # hints Redis did not take in time: dropped (a worker finds them anyway)
                 task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
-                await asyncio.wait_for(task, step_seconds)
         await asyncio.wait_for(self._scripts.aclose(), step_seconds)
 
     # -- create, delete -------------------------------------------------------
