@@ -293,7 +293,7 @@ def child(metric: Any, *labels: str) -> Any:
 class RequestTally:
     """ds_http_requests_total and ds_http_request_duration_seconds, tallied here in plain
     Python and added to prometheus-client's values in bulk: before every render (a scrape
-    of this process sees every request answered before it) and at most a second after a
+    of this process sees every request answered before it), at most a second after a
     request (what another worker's scrape reads in multiprocess mode, and what is left at
     exit: ``flush`` from the app's cleanup). prometheus-client takes a lock per value and
     walks the histogram's buckets in Python on every call: ~1.8 µs a request, against
@@ -313,13 +313,23 @@ class RequestTally:
         self._pending: dict[tuple[str, str, int], list[Any]] = {}
         self._children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
         self._timer_loop: asyncio.AbstractEventLoop | None = None  # where a flush is due, if any
+        self._shared = bool(os.environ.get(MULTIPROC_ENV))  # other processes render our values
 
     def observe(self, route: str, method: str, status: int, seconds: float) -> None:
         key = (route, method, status)
         found = self._pending.get(key)
-        if found is None:  # a key's first request since the last flush: see that one is due
-            self._flush_soon()
+        if found is None:  # a key's first request since the last flush
             found = self._pending[key] = [0, 0.0, [0] * len(self._bounds)]
+            if self._shared and key not in self._children:
+                # Multiprocess mode, its first in this process: added now, so that the series
+                # exists at once for any worker's scrape (as when each request was observed).
+                self._add(found, seconds)
+                self.flush()
+                return
+            self._flush_soon()
+        self._add(found, seconds)
+
+    def _add(self, found: list[Any], seconds: float) -> None:
         found[0] += 1
         found[1] += seconds
         found[2][bisect.bisect_left(self._bounds, seconds)] += 1  # the last bound is +Inf
