@@ -53,6 +53,7 @@ class Settings:
     log_level: str = "info"
     log_format: str = "text"
     access_log: bool = False
+    fast_appends: bool = True  # http/fastpath.py
     redis_max_connections: int = 64
     # the archive (serve reads it; `durable-streams archive` writes it)
     archive_url: str | None = None
@@ -213,6 +214,8 @@ HELP = {
     "message and the record's fields)",
     "access_log": "log one line per request: method, path (query values that may be secrets, such as "
     "a signed URL's signature, redacted), status, bytes, duration, client address",
+    "fast_appends": "answer plain stream appends on the connection, before aiohttp's request "
+    "machinery (about half an append's CPU); off: every request takes aiohttp's path",
     "archive_url": "where archived Parquet files live: a directory or an fsspec URL such as "
     "s3://bucket/prefix (needs s3fs); unset: <data-dir>/archive",
     "stream_registry": "keep a __registry__ JSON stream of every create and delete, as upstream's "

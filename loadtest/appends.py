@@ -71,17 +71,37 @@ class AppendResult:
     server_cpu_us_per_append: float | None = None
 
 
-# wrk (C, epoll) drives the scenarios it can: it costs the 2-core machine far less CPU than a
-# Python client, so servers are measured rather than the generator. Per-writer producer
-# sequences need one client per writer, which wrk has not: those run on aiohttp.
+# wrk (C, epoll) drives the scenarios: it costs the 2-core machine far less CPU than a Python
+# client, so servers are measured rather than the generator. A producer's appends must go in
+# sequence: producer scenarios give each writer a wrk thread with one connection (-t = -c), its
+# Lua state counting that writer's Producer-Seq.
 WRK_SCRIPT = """
 local paths = {%(paths)s}
 local body = string.rep("x", %(size)d)
 local headers = {["Content-Type"] = "text/plain"%(auth)s}
+local producers = %(producers)s
+local threads = 0
+setup = function(thread)
+  thread:set("writer", threads)
+  threads = threads + 1
+end
 local i = 0
+local seq = 0
 request = function()
   i = i + 1
+  if producers then
+    headers["Producer-Id"] = "w" .. writer
+    headers["Producer-Epoch"] = "0"
+    headers["Producer-Seq"] = tostring(seq)
+    return wrk.format("POST", paths[(writer %% #paths) + 1], headers, body)
+  end
   return wrk.format("POST", paths[(i %% #paths) + 1], headers, body)
+end
+if producers then
+  -- the next seq once this one is answered (wrk also calls request() once to check it)
+  response = function(status, headers, body)
+    if status < 300 then seq = seq + 1 end
+  end
 end
 done = function(summary, latency, requests)
   local e = summary.errors
@@ -92,7 +112,7 @@ end
 
 
 def use_wrk(name: str, generator: str) -> bool:
-    return generator != "aiohttp" and not scenario(name)[3] and shutil.which("wrk") is not None
+    return generator != "aiohttp" and shutil.which("wrk") is not None
 
 
 async def run_appends(
@@ -173,16 +193,18 @@ def _us_per(meter: ProcessMeter | None, count: float) -> float | None:
 
 
 async def _run_wrk(server: str, name: str, urls: list[str], seconds: float, meter: ProcessMeter | None):
-    writers, _, size, _ = scenario(name)
+    writers, _, size, producer = scenario(name)
     base = urls[0].split("/", 3)
     origin = "/".join(base[:3])
     paths = ", ".join(f'"/{u.split("/", 3)[3]}"' for u in urls)
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
         auth = "".join(f', ["{k}"] = "{v}"' for k, v in client_headers(server).items())
-        script.write(WRK_SCRIPT % {"paths": paths, "size": size, "auth": auth})
+        lua = {"paths": paths, "size": size, "auth": auth, "producers": "true" if producer else "false"}
+        script.write(WRK_SCRIPT % lua)
     try:
         proc = await asyncio.create_subprocess_exec(
-            "wrk", "-t1", f"-c{writers}", f"-d{max(1, round(seconds))}s", "-s", script.name, origin,
+            "wrk", f"-t{writers if producer else 1}", f"-c{writers}", f"-d{max(1, round(seconds))}s",
+            "-s", script.name, origin,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
         out, _ = await proc.communicate()

@@ -18,6 +18,11 @@ def _metrics() -> tuple[CollectorRegistry, Counter, Histogram]:
     return registry, counter, histogram
 
 
+def _tally(counter: Counter, histogram: Histogram) -> tuple[RequestTally, Counter]:
+    fast = Counter("t_fast_total", "fast", registry=CollectorRegistry())
+    return RequestTally(counter, histogram, fast), fast
+
+
 def _exposition(registry: CollectorRegistry) -> list[str]:
     """Every sample but the creation times; sums rounded (added in another order, the
     floats may differ in their last digit)."""
@@ -34,7 +39,7 @@ def _exposition(registry: CollectorRegistry) -> list[str]:
 
 def test_a_flushed_tally_exposes_what_observe_would() -> None:
     tallied, counter, histogram = _metrics()
-    tally = RequestTally(counter, histogram)
+    tally, _ = _tally(counter, histogram)
     observed, counter2, histogram2 = _metrics()
     for n, seconds in enumerate(DURATIONS):
         status = 204 if n % 3 else 409
@@ -55,8 +60,10 @@ async def test_a_tally_flushes_itself_within_a_second() -> None:
     import asyncio
 
     registry, counter, histogram = _metrics()
-    tally = RequestTally(counter, histogram)
+    tally, fast = _tally(counter, histogram)
     tally.FLUSH_SECONDS = 0.05
     tally.observe("stream", "POST", 204, 0.001)
+    tally.observe_fast("stream", "POST", 204, 0.001)
     await asyncio.sleep(0.2)
-    assert counter.labels("stream", "POST", "204")._value.get() == 1
+    assert counter.labels("stream", "POST", "204")._value.get() == 2
+    assert fast._value.get() == 1

@@ -11,7 +11,7 @@ from ..config import Settings, conflict, from_env
 from ..protocol import browser
 from ..telemetry import metrics
 from ..telemetry.logs import QUIET_MALFORMED
-from . import buckets, console, handlers, lifecycle, listing, ops, stats, subscriptions
+from . import buckets, console, fastpath, handlers, lifecycle, listing, ops, stats, subscriptions
 from .accesslog import AccessLog
 from .context import GATEWAY
 from .endpoint import add_routes, endpoint, not_found, stream_route
@@ -64,7 +64,9 @@ def create_app(
     logging.getLogger("aiohttp.server").addFilter(QUIET_MALFORMED)  # once: the same filter object
     metrics.publish_build_info()
     # Bodies are inflated by gateway/http/bodies.py, within the size limit, not by aiohttp.
-    app = web.Application(client_max_size=settings.max_body_bytes, handler_args={"auto_decompress": False})
+    # Plain appends answered on the connection itself when the settings allow (fastpath.py).
+    make = fastpath.fast_application if fastpath.usable(settings) else web.Application
+    app = make(client_max_size=settings.max_body_bytes, handler_args={"auto_decompress": False})
     if embedded:
         app[ops.EMBEDDED_REDIS] = redis_url
     guard = _guard(settings)

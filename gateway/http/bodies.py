@@ -43,20 +43,21 @@ class BodyBudget:
         # meanwhile; a plain dict, as the request's own storage costs more per lookup.
         self._by_request: dict[int, int] = {}
 
-    def take(self, request: web.Request, size: int) -> None:
-        """Count ``size`` more bytes against the budget for ``request`` (until ``release``).
-        A body is always admitted while no other request holds any, however large."""
+    def take(self, owner: object, size: int) -> None:
+        """Count ``size`` more bytes against the budget for ``owner`` (a request, or a
+        connection's own append: fastpath.py) until ``release``. A body is always
+        admitted while no other request holds any, however large."""
         if size <= 0:
             return
-        mine = self._by_request.get(id(request), 0)
+        mine = self._by_request.get(id(owner), 0)
         if self.held > mine and self.held + size > self.limit:
             raise ProtocolError(503, "too many request bodies in flight, retry", {"Retry-After": "1"})
         self.held += size
-        self._by_request[id(request)] = mine + size
+        self._by_request[id(owner)] = mine + size
 
-    def release(self, request: web.Request) -> None:
+    def release(self, owner: object) -> None:
         """The request is answered: its bytes are free again."""
-        self.held -= self._by_request.pop(id(request), 0)
+        self.held -= self._by_request.pop(id(owner), 0)
 
 
 def read_body(

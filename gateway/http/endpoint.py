@@ -3,6 +3,7 @@ the request metrics, the access log) and how a route's handlers are mounted with
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -27,24 +28,36 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Admit = Callable[[Guard, web.Request], Awaitable[None] | None]
 
 
-def error_response(request: web.Request, exc: Exception) -> web.Response:
-    """ProtocolError → its status (not logged: the client's mistake, or said to it);
-    Redis unreachable or refusing → 503; anything else is a bug → 500. Logged one line
-    per kind at most every few seconds, so a flood of bad requests is no flood of logs."""
+def error_answer(exc: Exception, method: str, path: str) -> tuple[int, dict[str, str], bytes]:
+    """The status, headers and body that answer ``exc``: ProtocolError → its status (not
+    logged: the client's mistake, or said to it); Redis unreachable or refusing → 503;
+    anything else is a bug → 500. Logged one line per kind at most every few seconds, so
+    a flood of bad requests is no flood of logs. (Also the connection's own append path's
+    answers, fastpath.py: both say the same.)"""
     if isinstance(exc, ProtocolError):
         if exc.body is not None:
-            return web.json_response(exc.body, status=exc.status, headers=exc.headers)
-        return web.Response(status=exc.status, text=exc.message + "\n", headers=exc.headers)
+            return exc.status, {**_JSON, **exc.headers}, json.dumps(exc.body).encode()
+        return exc.status, {**_TEXT, **exc.headers}, (exc.message + "\n").encode()
     if isinstance(exc, UNAVAILABLE):
         limited.log(logging.WARNING, "unavailable", "redis unavailable: %s", exc)
-        return web.Response(status=503, text="storage unavailable, retry\n", headers={"Retry-After": "1"})
+        return 503, {**_TEXT, "Retry-After": "1"}, b"storage unavailable, retry\n"
     if isinstance(exc, redis.exceptions.ResponseError):  # e.g. OOM at maxmemory: Redis refused the write
         limited.log(logging.WARNING, "refused", "redis refused a command: %s", exc)
-        return web.Response(status=503, text="storage refused the request\n", headers={"Retry-After": "5"})
+        return 503, {**_TEXT, "Retry-After": "5"}, b"storage refused the request\n"
     if isinstance(exc, ConnectionError):  # the client left (e.g. before SSE headers went out): nobody to tell
-        return web.Response(status=499, text="client closed the connection\n")
-    limited.log(logging.ERROR, type(exc).__name__, "%s %s failed", request.method, request.path, exc_info=exc)
-    return web.Response(status=500, text="internal error\n")
+        return 499, dict(_TEXT), b"client closed the connection\n"
+    limited.log(logging.ERROR, type(exc).__name__, "%s %s failed", method, path, exc_info=exc)
+    return 500, dict(_TEXT), b"internal error\n"
+
+
+_TEXT = {"Content-Type": "text/plain; charset=utf-8"}
+_JSON = {"Content-Type": "application/json; charset=utf-8"}
+
+
+def error_response(request: web.Request, exc: Exception) -> web.Response:
+    """``error_answer`` as a response."""
+    status, headers, body = error_answer(exc, request.method, request.path)
+    return web.Response(status=status, headers=headers, body=body)
 
 
 def stream_route(request: web.Request) -> str:

@@ -168,15 +168,19 @@ class Guard:
         return principal
 
     def _check_host_and_origin(self, request: web.Request) -> None:
-        if self.local_names is not None:
-            host = request.host
-            if not browser.local_host(host) and host.lower() not in self.local_names:
-                raise ProtocolError(403, "this server answers only to localhost (access control is off)")
+        self.check_host(request.host)
         if request.method in _WRITES:
             origin = request.headers.get("Origin")
             if origin is not None:
                 same = browser.same_origin(origin, request.host, self.settings.public_url)
                 browser.check_origin(self.cors, origin, same)
+
+    def check_host(self, host: str) -> None:
+        """Access control off on loopback: only a loopback name (or the public URL's) is
+        served, so a web page cannot reach this server by DNS rebinding."""
+        if self.local_names is not None:
+            if not browser.local_host(host) and host.lower() not in self.local_names:
+                raise ProtocolError(403, "this server answers only to localhost (access control is off)")
 
     async def _principal(self, request: web.Request, scope: Scope, path: str) -> Principal:
         """Who the request acts as (OPEN without access control); bad credentials are

@@ -7,13 +7,16 @@ import functools
 import re
 import time
 from collections.abc import Awaitable
+from typing import NamedTuple
 from urllib.parse import quote, unquote, urlencode
 
 import orjson
 from aiohttp import web
+from multidict import CIMultiDict, CIMultiDictProxy
 
 from ..concurrency.ready import ready
 from ..protocol import access, caching, conditions, cursor, offsets, responses
+from ..protocol.conditions import IfMatch
 from ..protocol.entries import LogEntry, message_count, stored_bytes
 from ..protocol.errors import ProtocolError, bad_request
 from ..protocol.headers import (
@@ -25,6 +28,7 @@ from ..protocol.headers import (
     STREAM_FORK_OFFSET,
     STREAM_FORK_SUB_OFFSET,
     STREAM_FORKED_FROM,
+    Producer,
     is_true,
     normalize_content_type,
     parse_decimal,
@@ -69,11 +73,11 @@ def stream_name(path: str, max_length: int) -> str:
 def _sid(request: web.Request, gw: Gateway | None = None) -> str:
     """The request's stream id (``gw``: the request's Gateway, when the caller has it)."""
     settings = (gw or gateway_of(request)).settings
-    return _stream_id(request.match_info["path"], settings.max_path_bytes)
+    return valid_stream_id(request.match_info["path"], settings.max_path_bytes)
 
 
 @functools.lru_cache(maxsize=4096)
-def _stream_id(path: str, max_length: int) -> str:
+def valid_stream_id(path: str, max_length: int) -> str:
     """A valid stream path's id, remembered for the streams in use: validating a path
     (encoding, a regex, two splits) cost every request ~1.5 µs. A bad path raises, and
     exceptions are not cached: it is refused the same way every time."""
@@ -105,25 +109,29 @@ def _body(request: web.Request, gw: Gateway | None = None) -> Awaitable[bytes]:
 _PARSE_INLINE_BYTES = 256 * 1024
 
 
-def _entries(request: web.Request, media: str, body: bytes, *, create: bool) -> Awaitable[list[LogEntry]]:
+def _entries(
+    gw: Gateway, owner: object, media: str, body: bytes, *, create: bool
+) -> Awaitable[list[LogEntry]]:
     """The log entries a body becomes, to await: bounded ones, however many messages it
     holds (protocol/entries.py). --max-json-messages, when set, refuses larger arrays
-    whole. Parsed now (a refusal raised at the call), but a large JSON body in a thread."""
+    whole. Parsed now (a refusal raised at the call), but a large JSON body in a thread.
+    ``owner``: whose bodies budget the parsed copy counts against (the request)."""
     if media == JSON_CONTENT_TYPE and len(body) > _PARSE_INLINE_BYTES:
-        return _entries_in_thread(request, media, body, create)
-    return ready(_counted(request, media, body_entries(media, body, create=create)))
+        return _entries_in_thread(gw, owner, media, body, create)
+    return ready(_counted(gw, owner, media, body_entries(media, body, create=create)))
 
 
-async def _entries_in_thread(request: web.Request, media: str, body: bytes, create: bool) -> list[LogEntry]:
+async def _entries_in_thread(
+    gw: Gateway, owner: object, media: str, body: bytes, create: bool
+) -> list[LogEntry]:
     entries = await asyncio.to_thread(body_entries, media, body, create=create)
-    return _counted(request, media, entries)
+    return _counted(gw, owner, media, entries)
 
 
-def _counted(request: web.Request, media: str, entries: list[LogEntry]) -> list[LogEntry]:
+def _counted(gw: Gateway, owner: object, media: str, entries: list[LogEntry]) -> list[LogEntry]:
     """A JSON body's entries: a second copy beside the body, counted as such, and bounded."""
     if media == JSON_CONTENT_TYPE:
-        gw = gateway_of(request)
-        gw.bodies.take(request, stored_bytes(entries))
+        gw.bodies.take(owner, stored_bytes(entries))
         limit = gw.settings.max_json_messages
         if limit and message_count(entries) > limit:
             raise ProtocolError(413, f"more than {limit} JSON messages in one request")
@@ -191,7 +199,7 @@ async def put_stream(request: web.Request) -> web.Response:
     if body and source is not None and content_type is None:
         # A fork's body is framed by the content type it inherits (looked up only when needed).
         media = (await gw.store.head(source)).media_type
-    entries = await _entries(request, media, body, create=True)
+    entries = await _entries(gw, request, media, body, create=True)
     spec = CreateSpec(
         content_type=content_type,
         expiry=expiry,
@@ -212,42 +220,67 @@ async def put_stream(request: web.Request) -> web.Response:
     return web.Response(status=201 if created else 200, headers=headers)
 
 
-async def post_stream(request: web.Request) -> web.Response:
-    gw = gateway_of(request)
-    sid = _sid(request, gw)
-    h = request.headers
-    close = is_true(h.get(STREAM_CLOSED))
-    producer = parse_producer(h)
-    stream_seq = parse_stream_seq(h)
-    if_match = conditions.parse_if_match(h.getall(IF_MATCH, None), sid)
-    expected_offset = conditions.parse_expected_offset(h.get(STREAM_EXPECTED_OFFSET))
-    body = await _body(request, gw)
+class AppendAsked(NamedTuple):
+    """What a POST's headers ask of its append, beside the body."""
+
+    close: bool
+    producer: Producer | None
+    stream_seq: str | None
+    if_match: IfMatch | None
+    expected_offset: int | None
+
+
+def append_asked(h: CIMultiDictProxy[str] | CIMultiDict[str], sid: str) -> AppendAsked:
+    """A POST's headers, checked before its body is read (a bad one: 400, nothing read)."""
+    return AppendAsked(
+        is_true(h.get(STREAM_CLOSED)),
+        parse_producer(h),
+        parse_stream_seq(h),
+        conditions.parse_if_match(h.getall(IF_MATCH, None), sid),
+        conditions.parse_expected_offset(h.get(STREAM_EXPECTED_OFFSET)),
+    )
+
+
+async def append_body(
+    gw: Gateway, owner: object, sid: str, asked: AppendAsked, raw_type: str | None, body: bytes
+) -> tuple[int, dict[str, str]]:
+    """A POST's append, its body in hand: the status and headers of its answer. Shared by
+    the POST handler and the connection's own append path (fastpath.py); ``owner``: whose
+    bodies budget a JSON body's parsed copy counts against."""
     entries: list[LogEntry] = []
     media = ""
     if body:
-        raw_type = h.get("Content-Type")
         if not raw_type or not raw_type.strip():
             raise bad_request("Content-Type is required with a body")
         media = validate_content_type(raw_type)
-        entries = await _entries(request, media, body, create=False)
-    elif not close:
+        entries = await _entries(gw, owner, media, body, create=False)
+    elif not asked.close:
         raise bad_request("empty body: send data, or Stream-Closed: true to close")
     result = await gw.store.append(
         sid,
         media,
         entries,
-        close=close,
-        stream_seq=stream_seq,
-        producer=producer,
-        if_match=if_match,
-        expected_offset=expected_offset,
+        close=asked.close,
+        stream_seq=asked.stream_seq,
+        producer=asked.producer,
+        if_match=asked.if_match,
+        expected_offset=asked.expected_offset,
     )
     # New data from an idempotent producer is 200; duplicates and close-only are 204.
-    status = 200 if producer is not None and result.status == "ok" and entries else 204
+    status = 200 if asked.producer is not None and result.status == "ok" and entries else 204
     headers = responses.append_result(result)
-    if (if_match is not None or expected_offset is not None) and result.created is not None:
+    if (asked.if_match is not None or asked.expected_offset is not None) and result.created is not None:
         # A conditional writer's next If-Match: the ETag of the stream it just wrote.
         headers.update(responses.current_state(sid, result.created, result.tail, result.closed))
+    return status, headers
+
+
+async def post_stream(request: web.Request) -> web.Response:
+    gw = gateway_of(request)
+    sid = _sid(request, gw)
+    asked = append_asked(request.headers, sid)
+    body = await _body(request, gw)
+    status, headers = await append_body(gw, request, sid, asked, request.headers.get("Content-Type"), body)
     return web.Response(status=status, headers=headers)
 
 

@@ -48,6 +48,10 @@ MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 _FAST = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 REQUESTS = Counter("ds_http_requests_total", "HTTP requests answered", ["route", "method", "status"])
+FAST_PATH = Counter(
+    "ds_http_fast_path_total",
+    "of ds_http_requests_total, the appends answered on the connection itself (http/fastpath.py)",
+)
 REQUEST_SECONDS = Histogram(
     "ds_http_request_duration_seconds",
     "Time to answer (live routes: how long the response stayed open)",
@@ -306,8 +310,9 @@ class RequestTally:
 
     FLUSH_SECONDS = 1.0
 
-    def __init__(self, counter: Counter, histogram: Histogram) -> None:
-        self._counter, self._histogram = counter, histogram
+    def __init__(self, counter: Counter, histogram: Histogram, fast: Counter) -> None:
+        self._counter, self._histogram, self._fast_counter = counter, histogram, fast
+        self._fast = 0  # requests answered by http/fastpath.py since the last flush
         self._bounds: list[float] = list(histogram._upper_bounds)
         # (route, method, status) -> [count, sum of seconds, one count per bucket]
         self._pending: dict[tuple[str, str, int], list[Any]] = {}
@@ -328,6 +333,11 @@ class RequestTally:
                 return
             self._flush_soon()
         self._add(found, seconds)
+
+    def observe_fast(self, route: str, method: str, status: int, seconds: float) -> None:
+        """``observe``, for a request answered by http/fastpath.py."""
+        self._fast += 1
+        self.observe(route, method, status, seconds)
 
     def _add(self, found: list[Any], seconds: float) -> None:
         found[0] += 1
@@ -353,6 +363,9 @@ class RequestTally:
     def flush(self) -> None:
         """Add what was tallied to the prometheus-client values."""
         pending, self._pending = self._pending, {}
+        if self._fast:
+            self._fast_counter.inc(self._fast)
+            self._fast = 0
         for key, (count, total, buckets) in pending.items():
             found = self._children.get(key)
             if found is None:
@@ -369,8 +382,9 @@ class RequestTally:
                     value.inc(n)
 
 
-_requests = RequestTally(REQUESTS, REQUEST_SECONDS)
+_requests = RequestTally(REQUESTS, REQUEST_SECONDS, FAST_PATH)
 observe_request = _requests.observe  # one answered request: its count and duration
+observe_fast_request = _requests.observe_fast  # the same, answered by http/fastpath.py
 flush_requests = _requests.flush
 
 
