@@ -236,7 +236,7 @@ class Connection(RequestHandler):
         waiter = self._waiter
         if self._messages or self._request_in_progress:
             return None
-        if (waiter.done() if waiter is not None else self._request_count):
+        if waiter.done() if waiter is not None else self._request_count:
             return None
         server: _Server = self._manager  # type: ignore[assignment]
         gw = server.gateway()

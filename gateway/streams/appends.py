@@ -39,7 +39,13 @@ from ..redis_io.contracts import (
     AppendStream,
     status_of,
 )
-from ..redis_io.limits import APPEND_LANES, BUSY_WAIT_SECONDS, MAX_BATCH_ENTRIES, STEP_BYTES
+from ..redis_io.limits import (
+    APPEND_LANES,
+    BUSY_WAIT_SECONDS,
+    CLUSTER_APPEND_LANES,
+    MAX_BATCH_ENTRIES,
+    STEP_BYTES,
+)
 from ..redis_io.outcomes import UNAVAILABLE, append_error, outcome_unknown
 from ..redis_io.scripts import Scripts
 from ..telemetry import metrics
@@ -133,6 +139,7 @@ class Appends:
         self.scripts = scripts
         self.hints = hints
         self.notice_payload_bytes = notice_payload_bytes
+        self._lanes = CLUSTER_APPEND_LANES if scripts.cluster else APPEND_LANES
         # A stream's keys for append.lua, made once rather than six f-strings per append.
         self._keys: dict[str, list[str]] = {}
         self._batcher: Batcher[Queued, Any] = Batcher(
@@ -172,7 +179,7 @@ class Appends:
             args = request.encoded_args()
             # Appends wait in one of a few lanes (a stream always in the same one): whatever
             # arrives while a lane's Redis round trip runs goes in its next one.
-            lane = str(zlib.crc32(sid.encode()) % APPEND_LANES)
+            lane = str(zlib.crc32(sid.encode()) % self._lanes) if self._lanes > 1 else "0"
             queued = (sid, request, args)
             with _TOLD:  # the first try without the busy loop's coroutine (~1 µs an append)
                 result = await self._batcher.submit(lane, queued)
