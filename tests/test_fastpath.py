@@ -5,6 +5,7 @@ plain goes to aiohttp, byte for byte."""
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import AsyncIterator
 
@@ -177,6 +178,62 @@ async def test_the_same_answers_as_aiohttps_path(
     assert fast_answers() - before == fast  # the full path's gateway answered none itself
     plain = {"appends": 2, "producer": 5, "stream-seq": 2, "json": 4, "close": 5, "conditions": 3}
     assert fast == plain.get(case, {"limits": 1, "missing": 1, "foreign-host": 1}.get(case, 0))
+
+
+ADMIN, READER, WRITER = "admin-token-" + "a" * 24, "reader-token-" + "b" * 24, "writer-token-" + "c" * 24
+
+
+@pytest.fixture(scope="module")
+async def auth_pair(
+    redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[tuple[str, str]]:
+    """``pair`` with access control on (bearer tokens)."""
+    tokens = tmp_path_factory.mktemp("fastpath-auth") / "tokens.json"
+    grants = [("admin", ADMIN, "admin:"), ("reader", READER, "read:"), ("writer", WRITER, "write:fp-auth-w")]
+    tokens.write_text(json.dumps({"tokens": [{"name": n, "token": t, "grants": g} for n, t, g in grants]}))
+    options = {**LIMITS, "auth_tokens_file": str(tokens)}
+    async with (
+        serving(redis_url, **options) as fast,
+        serving(redis_url, fast_appends=False, **options) as full,
+    ):
+        yield fast, full
+
+
+async def test_the_same_answers_with_access_control_on(
+    auth_pair: tuple[str, str], http: aiohttp.ClientSession
+) -> None:
+    def bearer(token: str) -> str:
+        return f"Authorization: Bearer {token}"
+
+    steps = [
+        lambda p: post(p, b"a", bearer(ADMIN)),
+        lambda p: post(p, b"b", bearer(WRITER)),  # its grant covers fp-auth-w... only
+        lambda p: post(p, b"c", bearer(READER)),  # 403
+        lambda p: post(p, b"d", bearer("nope-" + "x" * 30)),  # 401
+        lambda p: post(p, b"e", "Authorization: Basic eDp5"),  # 401
+        lambda p: post(p, b"f"),  # anonymous: aiohttp's (401 here)
+        lambda p: request("GET", p + "?offset=-1", bearer(READER)),
+    ]
+    answers = []
+    before = fast_answers()
+    for base, kind in zip(auth_pair, ("w", "x"), strict=True):  # fp-auth-w... is the writer's
+        name = f"fp-auth-{kind}{uuid.uuid4().hex[:8]}"
+        async with http.put(
+            f"{base}/{name}", headers={"Content-Type": "text/plain", "Authorization": f"Bearer {ADMIN}"}
+        ) as r:
+            assert r.status == 201
+        path = aiohttp.client.URL(f"{base}/{name}").path
+        raw = await Raw.open(base)
+        mine = [(await raw.send(step(path)), comparable(await raw.answer(), name))[1] for step in steps]
+        await raw.close()
+        answers.append(mine)
+        if kind == "w":
+            fast = fast_answers() - before
+    assert [a[0] for a in answers[0]] == [204, 204, 403, 401, 401, 401, 200]
+    assert answers[1][1][0] == 403  # the writer may not write to fp-auth-x...
+    assert answers[0][:1] + answers[0][2:-1] == answers[1][:1] + answers[1][2:-1]
+    assert (answers[0][-1][2], answers[1][-1][2]) == (b"ab", b"a")
+    assert fast == 5 and fast_answers() - before == fast  # all but the anonymous one and the read
 
 
 async def test_pipelined_requests_are_answered_in_order(gateway: str, http: aiohttp.ClientSession) -> None:

@@ -282,11 +282,7 @@ class Authenticator:
         """From the Authorization header, else a signed URL for ``path``, else anonymous."""
         header = request.headers.get("Authorization")
         if header is not None:
-            scheme, _, token = header.strip().partition(" ")
-            token = token.strip()
-            if scheme.lower() != "bearer" or not _TOKEN.match(token):
-                raise unauthorized("use Authorization: Bearer <token> (visible ASCII)")
-            return await self._bearer(token)
+            return await self.bearer(header)
         if has_signature(request.query):
             if self.signing_key is None:
                 raise unauthorized("signed URLs are not enabled")
@@ -296,6 +292,14 @@ class Authenticator:
     def nobody(self, request: web.Request) -> Principal:
         """The anonymous principal of a request: its grants, counted by client address."""
         return Principal(f"ip:{client_address(request, self.proxy_hops)}", self.anonymous, anonymous=True)
+
+    async def bearer(self, header: str) -> Principal:
+        """The principal of an Authorization header (only ``Bearer <token>`` is taken)."""
+        scheme, _, token = header.strip().partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not _TOKEN.match(token):
+            raise unauthorized("use Authorization: Bearer <token> (visible ASCII)")
+        return await self._bearer(token)
 
     async def _bearer(self, token: str) -> Principal:
         if self.tokens is not None:

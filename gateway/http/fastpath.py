@@ -15,9 +15,10 @@ Why: aiohttp's path (a Request and a StreamWriter, a task, the router, the endpo
 wrapper, a Response prepared, its headers serialised) was over half of the ~75 µs of
 gateway CPU an append cost (docs/benchmarks.md, issue 28).
 
-Never answered here, so answered by aiohttp exactly as before: access control or rate
-limits on, the access log on (``fast_application`` is then not used at all); a
-request with an Origin (browsers: CORS), Expect, Upgrade, a Connection other than
+Never answered here, so answered by aiohttp exactly as before: rate limits on, the
+access log on (``fast_application`` is then not used at all); with access control on,
+a request without Authorization (anonymous grants, signed URLs); a request with an
+Origin (browsers: CORS), Expect, Upgrade, a Connection other than
 keep-alive, a Content-Encoding, a query, a percent-escape or dot segment in its
 path, no Host, a body over ``MAX_BODY_BYTES`` or --max-body-bytes, or one not in
 within ``BODY_WAIT_SECONDS``; the reserved namespace; anything while storage is not
@@ -115,7 +116,6 @@ def usable(settings: Settings) -> bool:
     aiohttp app is used, and no byte is looked at twice."""
     return (
         settings.fast_appends
-        and not settings.auth_enabled
         and not settings.rate_limits
         and not settings.access_log
         and bool(settings.prefix.rstrip("/"))  # streams at the root share it with every other route
@@ -258,6 +258,8 @@ class Connection(RequestHandler):
         h = head.headers
         if "Origin" in h or "Expect" in h or "Upgrade" in h or "Content-Encoding" in h or "Host" not in h:
             return None
+        if gw.guard.auth is not None and "Authorization" not in h:
+            return None  # anonymous grants count by client address; a signed URL has a query
         connection = h.get("Connection")
         if connection is not None and connection.lower() != "keep-alive":
             return None
@@ -277,8 +279,8 @@ class Connection(RequestHandler):
         try:
             try:
                 h = head.headers
-                gw.guard.check_host(h["Host"])
                 path = head.target[len(self._manager.prefix) :]  # type: ignore[union-attr]
+                await gw.guard.admit_append(h["Host"], h.get("Authorization"), path)
                 sid = valid_stream_id(path, gw.settings.max_path_bytes)
                 asked = append_asked(h, sid)
                 if not reserved:  # (else taken as it began to arrive)

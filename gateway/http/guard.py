@@ -175,6 +175,16 @@ class Guard:
                 same = browser.same_origin(origin, request.host, self.settings.public_url)
                 browser.check_origin(self.cors, origin, same)
 
+    async def admit_append(self, host: str, authorization: str | None, path: str) -> None:
+        """``admit_stream`` for an append answered on its connection (fastpath.py), whose
+        request has no Origin, and Authorization when access control is on: no rate
+        limits then, and write backpressure was found off before."""
+        self.check_host(host)
+        if self.auth is not None:
+            if authorization is None:  # anonymous: counted by client address, aiohttp's path
+                raise AssertionError("fastpath takes an anonymous append only without access control")
+            access.check(await self.auth.bearer(authorization), "write", path)
+
     def check_host(self, host: str) -> None:
         """Access control off on loopback: only a loopback name (or the public URL's) is
         served, so a web page cannot reach this server by DNS rebinding."""
