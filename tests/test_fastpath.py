@@ -356,7 +356,9 @@ def test_the_aiohttp_internals_it_relies_on() -> None:
     """aiohttp is pinned below 3.15; a newer one must still have these (fastpath.py)."""
     fields = {"_waiter", "_messages", "_request_in_progress", "_handler_waiter", "_request_count", "_close"}
     fields |= {"_force_close", "_manager", "_next_keepalive_close_time", "_keepalive_timeout", "_loop"}
+    fields |= {"_keepalive_handle", "_buffer_paused", "_reading_paused"}
     slots = {s for cls in RequestHandler.__mro__ for s in getattr(cls, "__slots__", ())}
     assert fields <= slots
     assert callable(getattr(web.Application, "_make_handler", None))
+    assert callable(getattr(RequestHandler, "_process_keepalive", None))
     assert "_kwargs" in web.Server(lambda r: None, loop=asyncio.new_event_loop()).__dict__  # type: ignore[arg-type,return-value]

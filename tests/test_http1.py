@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.protocol.http1 import MAX_HEAD_BYTES, OTHER, Head, parse_head
+from gateway.protocol.http1 import MAX_FIELDS, MAX_HEAD_BYTES, OTHER, Head, parse_head
 
 PLAIN = (
     b"POST /v1/stream/a HTTP/1.1\r\nHost: localhost:1\r\nContent-Type: text/plain\r\n"
@@ -31,6 +31,14 @@ def test_a_head_at_an_offset_and_what_follows_it() -> None:
     data = b"junk" + PLAIN + b"helloPOST"
     head = parse_head(data, 4)
     assert isinstance(head, Head) and head.size == len(PLAIN)
+
+
+def test_at_most_aiohttps_number_of_fields() -> None:
+    def head(fields: int) -> bytes:
+        return b"POST /a HTTP/1.1\r\n" + b"".join(b"X-%d: 1\r\n" % n for n in range(fields)) + b"\r\n"
+
+    assert isinstance(parse_head(head(MAX_FIELDS)), Head)
+    assert parse_head(head(MAX_FIELDS + 1)) is OTHER
 
 
 def test_incomplete_until_the_blank_line() -> None:

@@ -157,13 +157,17 @@ class Connection(RequestHandler):
         """Take the pending messages in order: ours answered here, others passed on; then
         read on, or not, by what is left."""
         self._take()
-        if self._held and len(self._pending) < MAX_PENDING_BYTES:
+        transport = self.transport
+        if transport is None:
+            return
+        if len(self._pending) >= MAX_PENDING_BYTES:
+            if transport.is_reading():  # (aiohttp may have resumed it meanwhile)
+                self._held = True
+                transport.pause_reading()
+        elif self._held:
             self._held = False
-            if self.transport is not None:
-                self.transport.resume_reading()
-        elif not self._held and len(self._pending) >= MAX_PENDING_BYTES and self.transport is not None:
-            self._held = True
-            self.transport.pause_reading()
+            if not self._buffer_paused and not self._reading_paused:  # aiohttp's own pauses stay
+                transport.resume_reading()
 
     def _take(self) -> None:
         while self._pending and not self._busy and not self._forward_left:
@@ -227,6 +231,15 @@ class Connection(RequestHandler):
         if gw is not None:
             gw.bodies.release(self)
 
+    def _process_keepalive(self) -> None:
+        # aiohttp's keep-alive timer closes a connection whose start() waits for a message: not
+        # while an append of ours is answered or its body awaited (re-armed in _done, or by
+        # aiohttp after the message it is passed).
+        if self._busy or self._body_timer is not None:
+            self._keepalive_handle = None
+            return
+        super()._process_keepalive()
+
     def _ours(self, head: Head) -> Gateway | None:
         """The Gateway, when this message is an append answered here and aiohttp is idle."""
         if head.method != "POST" or head.body_length > MAX_BODY_BYTES:
@@ -251,6 +264,7 @@ class Connection(RequestHandler):
             or target.startswith(RESERVED, len(prefix))
             or "?" in target
             or "%" in target
+            or "#" in target  # a fragment: aiohttp drops it from the path
             or "/." in target
             or "//" in target
         ):
@@ -271,15 +285,14 @@ class Connection(RequestHandler):
 
     def _answer(self, gw: Gateway, head: Head, body: bytes, reserved: bool) -> None:
         self._busy = self._request_in_progress = True  # aiohttp's shutdown() waits for it too
-        self._next_keepalive_close_time = self._loop.time() + self._keepalive_timeout
-        self._answering = self._loop.create_task(self._append(gw, head, body, reserved))
+        path = head.target[len(self._manager.prefix) :]  # type: ignore[union-attr]
+        self._answering = self._loop.create_task(self._append(gw, head, path, body, reserved))
 
-    async def _append(self, gw: Gateway, head: Head, body: bytes, reserved: bool) -> None:
+    async def _append(self, gw: Gateway, head: Head, path: str, body: bytes, reserved: bool) -> None:
         started, status = time.perf_counter(), 500
         try:
             try:
                 h = head.headers
-                path = head.target[len(self._manager.prefix) :]  # type: ignore[union-attr]
                 await gw.guard.admit_append(h["Host"], h.get("Authorization"), path)
                 sid = valid_stream_id(path, gw.settings.max_path_bytes)
                 asked = append_asked(h, sid)
@@ -289,6 +302,9 @@ class Connection(RequestHandler):
                 content = b""
             except Exception as exc:
                 status, headers, content = error_answer(exc, head.method, head.target)
+            if gw.draining:  # SIGTERM came meanwhile: as endpoint.py, this connection's last answer
+                headers["Connection"] = "close"
+                self.close()  # (the transport once it is written: _done)
             self._write(status, headers, content)
         finally:
             gw.bodies.release(self)
@@ -319,7 +335,9 @@ class Connection(RequestHandler):
             if self.transport is not None:
                 self.transport.close()
             return
-        self._next_keepalive_close_time = self._loop.time() + self._keepalive_timeout
+        close_time = self._next_keepalive_close_time = self._loop.time() + self._keepalive_timeout
+        if self._keepalive_handle is None and self._keepalive_timeout > 0:
+            self._keepalive_handle = self._loop.call_at(close_time, self._process_keepalive)
         self._pump()
 
     def connection_lost(self, exc: BaseException | None) -> None:

@@ -5,7 +5,7 @@ and body length, for heads of the plainest form only.
 Not an HTTP parser to serve with: anything outside that plain form (a request line
 that is not ``METHOD /target HTTP/1.1``, obs-fold, a field name that is not a token,
 bytes outside visible ASCII, a repeated field, Transfer-Encoding, Upgrade, CONNECT, a
-malformed Content-Length, a head over ``MAX_HEAD_BYTES``) is ``OTHER``: the connection
+malformed Content-Length, a head over ``MAX_HEAD_BYTES`` or ``MAX_FIELDS``) is ``OTHER``: the connection
 is then left to aiohttp's parser (llhttp) for good, which answers every such case as
 it always did. So this never needs to be lenient, and is never the one to refuse a
 request: it only recognises what is unambiguous.
@@ -21,6 +21,8 @@ from multidict import CIMultiDict
 # aiohttp's own bound on a request line or field line (``max_line_size``): a head this
 # large is not one of ours anyway.
 MAX_HEAD_BYTES: Final = 8190
+# ... and on fields (``max_headers``): past it llhttp as aiohttp runs it answers 400.
+MAX_FIELDS: Final = 128
 _END = b"\r\n\r\n"
 _REQUEST_LINE = re.compile(r"([A-Z]{1,16}) (/[!-~]*) HTTP/1\.1\r\n")
 # A field line at a line's start: a token, a colon, optional blanks, then visible ASCII and
@@ -63,6 +65,8 @@ def parse_head(data: bytes | bytearray, start: int = 0) -> Head | _Other | None:
     lines = fields.count("\r\n")
     if fields.count("\n") != lines or fields.count("\r") != lines:
         return OTHER  # a bare CR or LF
+    if lines > MAX_FIELDS:
+        return OTHER
     pairs = _FIELD.findall(fields)
     if len(pairs) != lines:
         return OTHER  # a line that is not a plain field: obs-fold, a control byte, no colon, ...
