@@ -12,6 +12,13 @@ when the server is busy). Every subscriber must receive every message
 exactly once: losses and duplicates are counted.
 Loopback only; every loop is bounded in count and time.
 
+Each run's subscribers are disconnected before the next run starts (they once
+stayed connected: the 10,000-subscriber run then held 16,000 connections). The
+server's RSS is read before the subscribers connect and once they all idle, for
+``rss/sub KiB`` (the gateway's memory per idle SSE connection). Later runs on the
+same server reuse memory freed by earlier ones and so read low:
+``--server-per-run`` starts a fresh server for every subscriber count.
+
 Subscribers are plain asyncio sockets, not an HTTP client library, so that
 the load generator's own CPU cost stays small next to the server's.
 """
@@ -64,6 +71,7 @@ class Result:
     subscribers_missing_data: int
     server_cpu_percent: float | None
     server_peak_rss_mb: float | None
+    server_rss_per_subscriber_kib: float | None  # RSS once connected and idle, less before, each
     generator_cpu_percent: float  # this process: subscribers' parsing competes for the same cores
 
 
@@ -120,8 +128,10 @@ class _SseClient(asyncio.Protocol):
         self.on_lost(self.sub)
 
 
-async def _subscribe_all(subs: list[Subscriber], host: str, port: int, path: str, stop: asyncio.Event):
-    """Connect every subscriber (in waves); reconnect any the server closes."""
+async def _subscribe_all(subs: list[Subscriber], host: str, port: int, path: str, stop: asyncio.Event,
+                         clients: list[_SseClient]):  # fmt: skip
+    """Connect every subscriber (in waves); reconnect any the server closes. ``clients``
+    gets every connection made, to be closed at the end."""
     loop = asyncio.get_running_loop()
     connected = 0
     pending: asyncio.Queue[Subscriber] = asyncio.Queue()
@@ -138,7 +148,10 @@ async def _subscribe_all(subs: list[Subscriber], host: str, port: int, path: str
     async def connect(sub: Subscriber) -> None:
         for _ in range(50):
             try:
-                await loop.create_connection(lambda: _SseClient(sub, host, path, ready, lost), host, port)
+                _, client = await loop.create_connection(
+                    lambda: _SseClient(sub, host, path, ready, lost), host, port
+                )
+                clients.append(client)
                 return
             except OSError:
                 await asyncio.sleep(0.2)
@@ -204,7 +217,12 @@ async def run_one(base_url: str, server: str, subscribers: int, rate: float, dur
     parts = urlsplit(url)
     stop = asyncio.Event()
     subs = [Subscriber(i) for i in range(subscribers)]
-    count_connected, reconnector = await _subscribe_all(subs, parts.hostname, parts.port, parts.path, stop)
+    rss_before = ProcessMeter(pid).rss_mb() if pid else None
+    clients: list[_SseClient] = []
+    assert parts.hostname is not None and parts.port is not None
+    count_connected, reconnector = await _subscribe_all(
+        subs, parts.hostname, parts.port, parts.path, stop, clients
+    )
     deadline = time.monotonic() + 60
     while count_connected() < subscribers and time.monotonic() < deadline:
         await asyncio.sleep(0.1)
@@ -212,6 +230,9 @@ async def run_one(base_url: str, server: str, subscribers: int, rate: float, dur
     await asyncio.sleep(1.0)
 
     meter = ProcessMeter(pid) if pid else None
+    rss_per_subscriber = None
+    if meter and rss_before is not None and connected:
+        rss_per_subscriber = round((meter.peak_rss_mb - rss_before) * 1024 / connected, 1)
     own = ProcessMeter(os.getpid())
     started = wall0 = time.monotonic() + 2.0  # time for the writer process to start
     with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
@@ -239,6 +260,9 @@ async def run_one(base_url: str, server: str, subscribers: int, rate: float, dur
     elapsed = time.monotonic() - wall0
     stop.set()
     reconnector.cancel()
+    for client in clients:  # the next run starts without this one's connections
+        client.transport.close()
+    await asyncio.sleep(1.0)  # for the server to see them go
 
     def summary(since: dict[int, float]) -> tuple[float, float, float]:
         """p50, p99 and max in ms of arrival minus ``since``, over every delivery."""
@@ -271,6 +295,7 @@ async def run_one(base_url: str, server: str, subscribers: int, rate: float, dur
         subscribers_missing_data=sum(1 for sub in subs if sent_seqs - sub.received.keys()),
         server_cpu_percent=round(100 * meter.cpu_used() / elapsed, 1) if meter else None,
         server_peak_rss_mb=round(meter.peak_rss_mb, 1) if meter else None,
+        server_rss_per_subscriber_kib=rss_per_subscriber,
         generator_cpu_percent=round(100 * own.cpu_used() / elapsed, 1),
     )
 
@@ -299,13 +324,17 @@ def plot(results: list[Result], path: Path) -> None:
 
 
 def table(results: list[Result]) -> str:
-    head = "server            subs  conn   p50 ms   p99 ms   max ms  ack p99  sent  lost  dup  cpu %   rss MB"
+    head = (
+        "server            subs  conn   p50 ms   p99 ms   max ms  ack p99  sent  lost  dup  cpu %   rss MB"
+        " rss/sub KiB  gen cpu %"
+    )
     lines = [head, "-" * len(head)]
     for r in results:
         lines.append(
             f"{r.server[:16]:<16} {r.subscribers:>5} {r.connected:>5} {r.p50_ms:>8} {r.p99_ms:>8} "
             f"{r.max_ms:>8} {r.ack_p99_ms:>8} {r.messages:>5} {r.lost:>5} {r.duplicated:>4} "
-            f"{r.server_cpu_percent!s:>6} {r.server_peak_rss_mb!s:>8} {r.generator_cpu_percent:>6}"
+            f"{r.server_cpu_percent!s:>6} {r.server_peak_rss_mb!s:>8} {r.server_rss_per_subscriber_kib!s:>11}"
+            f" {r.generator_cpu_percent:>10}"
         )
     return "\n".join(lines)
 
@@ -324,11 +353,16 @@ def main() -> None:
     parser.add_argument(
         "--ours-args", default="", help='extra flags for our gateway, e.g. "--sse-cycle-seconds 600"'
     )
+    parser.add_argument(
+        "--server-per-run",
+        action="store_true",
+        help="a fresh server for every subscriber count (clean RSS figures; else one server for all)",
+    )
     args = parser.parse_args()
     counts = [int(n) for n in args.subscribers.split(",")]
     results: list[Result] = []
 
-    async def bench(base_url: str, name: str, pid: int | None) -> None:
+    async def bench(base_url: str, name: str, pid: int | None, counts: list[int] = counts) -> None:
         for n in counts:
             result = await run_one(base_url, name, n, args.rate, args.duration, args.message_bytes, pid)
             results.append(result)
@@ -342,12 +376,16 @@ def main() -> None:
         for kind in args.servers.split(","):  # one after the other, same machine, same run
             extra = args.ours_args.split() if kind == "ours" else []
             label = " ".join([kind, *extra])
-            with start(kind, *extra) as server:
-                asyncio.run(bench(server.base_url, label, server.pid))
+            for runs in [[n] for n in counts] if args.server_per_run else [counts]:
+                with start(kind, *extra) as server:
+                    asyncio.run(bench(server.base_url, label, server.pid, runs))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "fanout.json").write_text(json.dumps([asdict(r) for r in results], indent=2))
-    plot(results, out / "fanout.png")
+    try:
+        plot(results, out / "fanout.png")
+    except ImportError:  # matplotlib is optional: the table and the JSON are the results
+        print("(no chart: matplotlib is not installed)")
     print(f"\n{table(results)}\n\nwrote {out / 'fanout.json'} and {out / 'fanout.png'}")
 
 

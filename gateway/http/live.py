@@ -149,6 +149,36 @@ async def long_poll(
     return web.Response(status=200, body=chunk.body(), headers=headers)
 
 
+def _control(chunk: Chunk, cursor: str) -> bytes:
+    return control_event(
+        offsets.encode(chunk.end), cursor=cursor, up_to_date=chunk.up_to_date, closed=chunk.eof
+    )
+
+
+async def _write(gw: Gateway, response: web.StreamResponse, data: bytes) -> None:
+    """A client that takes nothing for --write-timeout seconds is dropped: it must
+    not hold a connection, memory, or a graceful shutdown. Shutting down, a last
+    event gets a second, not the full timeout."""
+    seconds = _STOPPING_WRITE_SECONDS if gw.fanout.stopping else gw.settings.write_timeout
+    try:
+        async with asyncio.timeout(seconds):
+            await response.write(data)
+    except TimeoutError:
+        raise _Stalled from None
+
+
+async def _send(gw: Gateway, response: web.StreamResponse, chunk: Chunk, text: bool, cursor: str) -> None:
+    key = ("sse", text, cursor)  # encoded once, however many readers this chunk reaches
+    frames = chunk.cache.get(key)
+    if frames is None:
+        body = chunk.body() if chunk.entries else None
+        frames = chunk.cache[key] = events(
+            body, offsets.encode(chunk.end), text=text, cursor=cursor, up_to_date=chunk.up_to_date,
+            closed=chunk.eof,
+        )  # fmt: skip
+    await _write(gw, response, frames)
+
+
 async def sse(
     request: web.Request, gw: Gateway, sid: str, start: int | None, cursor: str, until: float | None = None
 ) -> web.StreamResponse:
@@ -159,6 +189,9 @@ async def sse(
     (``until``), or on shutdown; all but the first end with a control
     event saying where to resume. A Redis outage does not end it: reads are
     retried, and the fan-out wakes every reader once Redis is back.
+
+    Thousands of these wait at once, mostly parked: what one keeps while it
+    waits is kept small (no closures, no headers once sent, no chunk data).
     """
     first_read = time.monotonic()
     chunk = await gw.store.read_shared(sid, start, first_read)  # 404 and friends first
@@ -173,56 +206,34 @@ async def sse(
     if not text:
         headers[STREAM_SSE_DATA_ENCODING] = "base64"
     response = web.StreamResponse(status=200, headers=headers)
+    del headers
     chunked = request.version >= HttpVersion11
     if chunked:
         response.enable_chunked_encoding()  # explicit: the fan-out frames its direct writes the same way
     await response.prepare(request)
+    # Serialised and sent with the first event: nothing reads them again (endpoint() and
+    # aiohttp look at a prepared response's status and sizes only).
+    response.headers.clear()
     transport = request.transport
     assert transport is not None
-    settings = gw.settings
     loop = asyncio.get_running_loop()
     # Spread reconnects: clients that connected together must not all come back together.
-    deadline = _deadline(loop, settings.sse_cycle_seconds * random.uniform(0.75, 1.0), until)
-
-    def control(chunk: Chunk) -> bytes:
-        return control_event(
-            offsets.encode(chunk.end), cursor=cursor, up_to_date=chunk.up_to_date, closed=chunk.eof
-        )
-
-    def write_timeout() -> float:  # shutting down: a last event gets a second, not the full timeout
-        return _STOPPING_WRITE_SECONDS if gw.fanout.stopping else settings.write_timeout
-
-    async def write(data: bytes) -> None:
-        """A client that takes nothing for --write-timeout seconds is dropped: it must
-        not hold a connection, memory, or a graceful shutdown."""
-        try:
-            async with asyncio.timeout(write_timeout()):
-                await response.write(data)
-        except TimeoutError:
-            raise _Stalled from None
-
-    async def send(chunk: Chunk) -> None:
-        key = ("sse", text, cursor)  # encoded once, however many readers this chunk reaches
-        frames = chunk.cache.get(key)
-        if frames is None:
-            body = chunk.body() if chunk.entries else None
-            frames = chunk.cache[key] = events(
-                body, offsets.encode(chunk.end), text=text, cursor=cursor, up_to_date=chunk.up_to_date,
-                closed=chunk.eof,
-            )  # fmt: skip
-        await write(frames)
+    deadline = _deadline(loop, gw.settings.sse_cycle_seconds * random.uniform(0.75, 1.0), until)
 
     try:
         async with gw.fanout.watch(sid) as watch:
-            await send(chunk)
+            await _send(gw, response, chunk, text, cursor)
             sink = _SseSink(transport, text=text, is_json=chunk.meta.is_json, cursor=cursor, chunked=chunked)
             # The first read came before the registration: an append in between reaches only
             # readers registered then, so look again if the channel moved since (as long-poll does).
             unread = watch.moved_since(first_read)  # woken (or a read failed) and not yet read since
             while not chunk.eof and not watch.stopping and loop.time() < deadline:
                 if chunk.up_to_date and not unread:
+                    if chunk.entries or chunk.cache:  # sent: keep no data (nor its frames) while parked
+                        chunk = Chunk(chunk.meta, chunk.end)
                     sink.position = chunk.end
-                    woke = await watch.park(sink, min(deadline - loop.time(), settings.sse_heartbeat_seconds))
+                    heartbeat = min(deadline - loop.time(), gw.settings.sse_heartbeat_seconds)
+                    woke = await watch.park(sink, heartbeat)
                     if sink.position != chunk.end or sink.closed:  # the fan-out wrote to us meanwhile
                         meta = replace(chunk.meta, tail=sink.position, closed=sink.closed)
                         chunk = Chunk(meta, sink.position)
@@ -230,7 +241,7 @@ async def sse(
                         break
                     if not woke:
                         if not watch.stopping and loop.time() < deadline:
-                            await write(comment())
+                            await _write(gw, response, comment())
                         continue
                 try:
                     chunk = _whole_characters(await _after(gw, sid, watch, chunk), text)
@@ -240,11 +251,11 @@ async def sse(
                     continue
                 unread = False
                 if chunk.entries or chunk.eof:
-                    await send(chunk)
+                    await _send(gw, response, chunk, text, cursor)
                     if chunk.entries:
                         watch.delivered()
             if not chunk.eof:  # cycle over or shutting down: say where to resume
-                await write(control(chunk))
+                await _write(gw, response, _control(chunk, cursor))
     except ProtocolError:
         pass  # deleted or expired mid-stream: end the event stream
     except _Stalled:
@@ -252,7 +263,8 @@ async def sse(
         return response
     except (ConnectionResetError, asyncio.CancelledError):
         return response  # the client left
+    seconds = _STOPPING_WRITE_SECONDS if gw.fanout.stopping else gw.settings.write_timeout
     with contextlib.suppress(ConnectionResetError, TimeoutError):
-        async with asyncio.timeout(write_timeout()):
+        async with asyncio.timeout(seconds):
             await response.write_eof()
     return response

@@ -1,7 +1,10 @@
 """One pub/sub channel's waiting readers, and what a batch of notices does for them.
 
-Readers register through ``Fanout.watch`` (``fanout.py``) and wait on a
-``Watch``, which sees the fan-out only through the ``Shutdown`` flag they share.
+Readers register through ``Fanout.watch`` (``fanout.py``) and wait on their
+``Watch``, which sees the fan-out only through the ``Shutdown`` flag they share
+(and the timer ``Wheel`` that ends their waits: ``timers.py``). The Watch is
+itself what the channel wakes: thousands of idle readers each hold only it,
+no Event, Timeout or timer of their own.
 A channel is *confirmed* while Redis holds its subscription (on one connection
 of the process: ``listener.py``); a reader that registers before the
 confirmation, or while the channel moves, re-reads when it comes.
@@ -18,12 +21,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Hashable
+from collections.abc import Coroutine, Hashable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..protocol import notices
 from ..telemetry import metrics
+from .timers import Wheel
 
 
 @dataclass
@@ -49,13 +53,20 @@ class Sink(Protocol):
     def write(self, frame: bytes) -> None: ...
 
 
+class Waiter(Protocol):
+    """A registered reader as the channel sees it (a ``Watch``; an asyncio.Event will do)."""
+
+    def set(self) -> None:
+        """Wake it: the stream moved, or it must look again."""
+
+
 @dataclass
 class Channel:
     confirmed: asyncio.Future[None]
-    waiters: set[asyncio.Event] = field(default_factory=set)
+    waiters: set[Waiter] = field(default_factory=set)
     notified_at: float = 0.0  # time.monotonic() of the last notice or (re)subscription
     recent: notices.Recent = field(default_factory=notices.Recent)
-    parked: dict[asyncio.Event, Sink] = field(default_factory=dict)
+    parked: dict[Waiter, Sink] = field(default_factory=dict)
     sent_ms: int | None = None  # Redis' clock when the newest notice was published (notices.py)
 
     def confirm(self) -> None:
@@ -139,13 +150,37 @@ def fanout_delay(sent_ms: int | None) -> None:
 
 
 class Watch:
-    """A reader's registration: ``wait`` returns True when the stream moved."""
+    """A reader's registration: ``wait`` returns True when the stream moved.
 
-    def __init__(self, shutdown: Shutdown, channel: Channel, event: asyncio.Event) -> None:
+    It is also the channel's waiter (``set``, as on an asyncio.Event), and its waits
+    end on the fan-out's timer wheel: an idle reader keeps this object and, while it
+    waits, one future; nothing else of its own."""
+
+    __slots__ = ("_shutdown", "_wheel", "_channel", "_confirmed_at", "_set", "_waiter")
+
+    def __init__(self, shutdown: Shutdown, channel: Channel, wheel: Wheel) -> None:
         self._shutdown = shutdown
+        self._wheel = wheel
         self._channel = channel
-        self._event = event
         self._confirmed_at = time.monotonic()
+        self._set = False  # woken since the last wait returned
+        self._waiter: asyncio.Future[None] | None = None  # while waiting
+
+    def set(self) -> None:
+        """Wake the reader (the channel, a confirmation, shutdown)."""
+        self._set = True
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def expire(self) -> None:
+        """The wheel: the wait's time is up."""
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     @property
     def since(self) -> float:
@@ -163,13 +198,12 @@ class Watch:
         say all of it (small appends, nothing missed); else None: read Redis."""
         return self._channel.recent.delivery(start)
 
-    async def park(self, sink: Sink, timeout: float) -> bool:
-        """``wait``, letting the listener write small appends to ``sink`` meanwhile."""
-        self._channel.parked[self._event] = sink
-        try:
-            return await self.wait(timeout)
-        finally:
-            del self._channel.parked[self._event]
+    def park(self, sink: Sink, timeout: float) -> Coroutine[Any, Any, bool]:
+        """``wait``, letting the listener write small appends to ``sink`` meanwhile.
+        (Not a coroutine of its own, one frame less per idle reader: await it at once,
+        the wait unparks the sink however it ends.)"""
+        self._channel.parked[self] = sink
+        return self._wait(timeout, parked=True)
 
     def delivered(self) -> None:
         """This reader, woken, wrote what it read: a sample of the fan-out delay."""
@@ -179,14 +213,27 @@ class Watch:
     def stopping(self) -> bool:
         return self._shutdown.started
 
-    async def wait(self, timeout: float) -> bool:
-        if self._shutdown.started:
-            return False
-        if not self._event.is_set():
-            try:
-                async with asyncio.timeout(timeout):  # no extra task per wait, unlike wait_for
-                    await self._event.wait()
-            except TimeoutError:
+    def wait(self, timeout: float) -> Coroutine[Any, Any, bool]:
+        return self._wait(timeout, parked=False)
+
+    async def _wait(self, timeout: float, parked: bool) -> bool:
+        try:
+            if self._shutdown.started:
                 return False
-        self._event.clear()
-        return not self._shutdown.started
+            if not self._set:
+                if timeout <= 0:
+                    return False
+                waiter = self._waiter = asyncio.get_running_loop().create_future()
+                tick = self._wheel.add(self, timeout)
+                try:
+                    await waiter
+                finally:
+                    self._waiter = None
+                    self._wheel.discard(self, tick)
+                if not self._set:
+                    return False  # timed out
+            self._set = False
+            return not self._shutdown.started
+        finally:
+            if parked:
+                del self._channel.parked[self]

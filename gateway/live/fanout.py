@@ -29,7 +29,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+import time
+from types import TracebackType
 from typing import TYPE_CHECKING, Protocol
 
 from redis.asyncio import Redis, RedisCluster
@@ -41,6 +42,7 @@ from ..telemetry import metrics
 from .channels import Channel, Shutdown, Watch
 from .listener import Listener
 from .shards import Shards
+from .timers import Wheel
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +78,7 @@ class Fanout:
             self._subscriber = Listener(self._channels, self._connection, health_seconds)
         self._task: asyncio.Task[None] | None = None
         self._shutdown = Shutdown()
+        self._wheel = Wheel()  # every reader's wait ends on it (timers.py)
 
     @property
     def stopping(self) -> bool:
@@ -97,6 +100,7 @@ class Fanout:
     async def close(self) -> None:
         """Stop the listeners and close the pub/sub client (the fan-out owns it)."""
         self.stop_waiters()
+        self._wheel.close()
         if self._expiry is not None:
             self._expiry.cancel()
             self._expiry = None
@@ -122,8 +126,13 @@ class Fanout:
         as soon as appends are acknowledged again."""
         self._subscriber.reachable(node)
 
-    @contextlib.asynccontextmanager
-    async def watch(self, sid: str) -> AsyncIterator[Watch]:
+    def watch(self, sid: str) -> _Registration:
+        """``async with fanout.watch(sid) as watch``: a live reader of stream ``sid``,
+        registered on entry (which returns once Redis confirmed the channel's
+        subscription, or after 5 s without Redis) and until exit."""
+        return _Registration(self, sid)
+
+    def _register(self, reader: Watch, sid: str) -> Channel:
         name = keys.notify_channel(sid)
         channel = self._channels.get(name)
         if channel is None:
@@ -132,20 +141,16 @@ class Fanout:
             metrics.SUBSCRIPTIONS.set(len(self._channels))
             self._subscriber.add(name, channel)
         self._idle.pop(name, None)
-        event = asyncio.Event()
-        channel.waiters.add(event)
-        try:
-            with contextlib.suppress(asyncio.TimeoutError):
-                # Without Redis we cannot be woken; the reader's own timeout still ends its wait.
-                await asyncio.wait_for(asyncio.shield(channel.confirmed), _CONFIRM_WAIT_SECONDS)
-            yield Watch(self._shutdown, channel, event)
-        finally:
-            channel.waiters.discard(event)
-            if not channel.waiters:
-                loop = asyncio.get_running_loop()
-                self._idle[name] = loop.time()
-                if self._expiry is None:
-                    self._expiry = loop.call_at(loop.time() + self._linger, self._expire)
+        channel.waiters.add(reader)
+        return channel
+
+    def _unregister(self, reader: Watch, channel: Channel, sid: str) -> None:
+        channel.waiters.discard(reader)
+        if not channel.waiters:
+            loop = asyncio.get_running_loop()
+            self._idle[keys.notify_channel(sid)] = loop.time()
+            if self._expiry is None:
+                self._expiry = loop.call_at(loop.time() + self._linger, self._expire)
 
     def _expire(self) -> None:
         """Forget channels idle for longer than the linger, then wait for the next one."""
@@ -176,3 +181,39 @@ class Fanout:
         pool = self._redis.connection_pool
         options = {**pool.connection_kwargs, "socket_timeout": None, "retry": Retry(NoBackoff(), 0)}
         return pool.connection_class(**options)
+
+
+class _Registration(Watch):
+    """``Fanout.watch``'s answer: the reader's Watch as its own async context manager (no
+    generator, context-manager object or Event of its own per idle reader)."""
+
+    __slots__ = ("_fanout", "_sid")
+
+    def __init__(self, fanout: Fanout, sid: str) -> None:
+        self._fanout = fanout
+        self._sid = sid
+        # The channel is looked up (and subscribed) on entry, as before.
+        self._shutdown = fanout._shutdown
+        self._wheel = fanout._wheel
+        self._set = False
+        self._waiter = None
+
+    async def __aenter__(self) -> Watch:
+        fanout = self._fanout
+        channel = self._channel = fanout._register(self, self._sid)
+        try:
+            confirmed = channel.confirmed
+            if not confirmed.done():
+                with contextlib.suppress(asyncio.TimeoutError):
+                    # Without Redis we cannot be woken; the reader's own timeout still ends its wait.
+                    await asyncio.wait_for(asyncio.shield(confirmed), _CONFIRM_WAIT_SECONDS)
+        except BaseException:  # cancelled while waiting: registered no more
+            fanout._unregister(self, channel, self._sid)
+            raise
+        self._confirmed_at = time.monotonic()
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._fanout._unregister(self, self._channel, self._sid)
