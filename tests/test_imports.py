@@ -63,3 +63,15 @@ def test_the_check_finds_a_circle() -> None:
     graph.add_import(importer="pkg.b", imported="pkg.a")
     graph.add_import(importer="pkg.c", imported="pkg.a")
     assert circles(graph) == [["pkg.a", "pkg.b"]]
+
+
+def test_a_gateway_starts_without_the_parquet_libraries() -> None:
+    """pyarrow (and numpy with it) are ~50 MB of RSS per gateway process: imported when an
+    archived file is first read or written (archive/files.py), never at start."""
+    import subprocess
+    import sys
+
+    modules = "{'pyarrow', 'numpy'} & set(sys.modules)"
+    check = f"import sys, gateway.cli.main, gateway.http.app; print(sorted({modules}))"
+    out = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -6,10 +6,11 @@ import asyncio
 import bisect
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import pyarrow as pa
+if TYPE_CHECKING:  # the row groups it loads are pyarrow's (and numpy's): archive/files.py imports
+    import numpy as np  # pyarrow when a file is read, so a gateway whose reads stay in Redis
+    import pyarrow as pa  # holds neither (~50 MB of RSS per process)
 
 from ..concurrency.singleflight import SingleFlight
 from ..protocol.models import Entry
@@ -102,9 +103,9 @@ def _take_from(
     loaded: _Loaded, start: int, hi: int | None, budget: int, whole: bool, max_entries: int
 ) -> list[Entry]:
     """``segments.take`` over one decoded row group, converting only the rows it needs."""
-    first = max(int(np.searchsorted(loaded.positions, start, side="right")) - 1, 0)
+    first = max(int(loaded.positions.searchsorted(start, side="right")) - 1, 0)
     # Entries that start before start + budget, plus one (a JSON message may overrun).
-    last = int(np.searchsorted(loaded.positions, start + max(budget, 0), side="left")) + 1
+    last = int(loaded.positions.searchsorted(start + max(budget, 0), side="left")) + 1
     last = min(last, first + max_entries + 1, len(loaded.positions))
     positions = loaded.positions[first:last].tolist()
     window = list(zip(positions, loaded.data.slice(first, last - first).to_pylist(), strict=True))

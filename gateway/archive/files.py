@@ -12,12 +12,16 @@ import contextlib
 import io
 import os
 import uuid
+from typing import TYPE_CHECKING
 
 import fsspec
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+# pyarrow is imported where Parquet is read or written, not with this module: a gateway
+# whose reads never reach the archive (most) does without its ~50 MB of RSS per process.
 
 
 class Archive:
@@ -34,6 +38,9 @@ class Archive:
     def write(self, file: str, table: pa.Table, row_group_bytes: int = 4 << 20) -> int:
         """Write a segment file durably; returns its size in bytes. Row groups hold about
         ``row_group_bytes`` of data each: a cold read fetches and decodes one at a time."""
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+
         data_bytes = max(1, pc.sum(pc.binary_length(table.column("data"))).as_py() or 1)
         rows = max(1, min(64 * 1024, table.num_rows * row_group_bytes // data_bytes))
         sink = io.BytesIO()
@@ -75,10 +82,14 @@ class Archive:
 
     def read(self, file: str, columns: list[str] | None = None) -> pa.Table:
         """A segment file's rows; FileNotFoundError when it is gone."""
+        import pyarrow.parquet as pq
+
         return pq.read_table(io.BytesIO(self.fs.cat_file(self.path(file))), columns=columns)
 
     def row_groups(self, file: str) -> list[int]:
         """The first position of each row group (rows are in position order)."""
+        import pyarrow.parquet as pq
+
         with self.fs.open(self.path(file), "rb") as f:
             meta = pq.ParquetFile(f).metadata
             column = meta.schema.names.index("position")
@@ -86,6 +97,8 @@ class Archive:
 
     def read_group(self, file: str, group: int, columns: list[str]) -> pa.Table:
         """One row group's rows; FileNotFoundError when the file is gone."""
+        import pyarrow.parquet as pq
+
         with self.fs.open(self.path(file), "rb") as f:
             return pq.ParquetFile(f).read_row_group(group, columns=columns)
 
