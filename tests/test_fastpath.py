@@ -236,6 +236,45 @@ async def test_the_same_answers_with_access_control_on(
     assert fast == 5 and fast_answers() - before == fast  # all but the anonymous one and the read
 
 
+@pytest.fixture(scope="module")
+async def limited_pair(redis_url: str) -> AsyncIterator[tuple[str, str]]:
+    """``pair`` with a rate limit on writes; one trusted proxy, so that each test run's
+    X-Forwarded-For is a client of its own (a bucket of its own)."""
+    options = {**LIMITS, "rate_limits": "write:=3/m", "trusted_proxy_hops": 1}
+    async with (
+        serving(redis_url, **options) as fast,
+        serving(redis_url, fast_appends=False, **options) as full,
+    ):
+        yield fast, full
+
+
+async def test_the_same_answers_with_rate_limits_on(
+    limited_pair: tuple[str, str], http: aiohttp.ClientSession
+) -> None:
+    answers = []
+    before = fast_answers()
+    for n, base in enumerate(limited_pair, 1):  # each run a client (a bucket) of its own
+        client = f"X-Forwarded-For: 198.51.100.{n}"
+        name = f"fp-rl-{uuid.uuid4().hex[:8]}"
+        creator = {"Content-Type": "text/plain", "X-Forwarded-For": f"203.0.113.{n}"}
+        async with http.put(f"{base}/{name}", headers=creator) as r:
+            assert r.status == 201
+        path = aiohttp.client.URL(f"{base}/{name}").path
+        raw = await Raw.open(base)
+        mine = [
+            (await raw.send(post(path, b"%d" % k, client)), comparable(await raw.answer(), name))[1]
+            for k in range(4)
+        ]
+        await raw.close()
+        answers.append(mine)
+        if base == limited_pair[0]:
+            fast = fast_answers() - before
+    assert [a[0] for a in answers[0]] == [204, 204, 204, 429]
+    assert answers[0][3][1]["retry-after"] in ("19", "20")
+    assert answers[0] == answers[1]
+    assert fast == 4 and fast_answers() - before == fast
+
+
 async def test_pipelined_requests_are_answered_in_order(gateway: str, http: aiohttp.ClientSession) -> None:
     a, b = (f"{gateway}/fp-pipe-{uuid.uuid4().hex[:8]}-{n}" for n in "ab")
     async with http.put(a, headers={"Content-Type": "text/plain"}) as r:

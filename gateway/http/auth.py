@@ -238,17 +238,27 @@ _TOKEN = re.compile(r"\A[\x21-\x7e]{1,8192}\Z")  # a token is visible ASCII (RFC
 def client_ip(request: web.Request, proxy_hops: int) -> str:
     """The client's IP: the peer, or with ``proxy_hops`` trusted proxies in front, the
     address the outermost of them saw (X-Forwarded-For, counted from the right)."""
+    return peer_ip(request.headers.getall("X-Forwarded-For", []), request.remote, proxy_hops)
+
+
+def peer_ip(forwarded_for: list[str], remote: str | None, proxy_hops: int) -> str:
+    """``client_ip`` of a request's X-Forwarded-For lines and its peer's address."""
     if proxy_hops:
-        hops = [h.strip() for h in ",".join(request.headers.getall("X-Forwarded-For", [])).split(",")]
+        hops = [h.strip() for h in ",".join(forwarded_for).split(",")]
         hops = [h for h in hops if h]
         if len(hops) >= proxy_hops:
             return hops[-proxy_hops]
-    return request.remote or "unknown"
+    return remote or "unknown"
 
 
 def client_address(request: web.Request, proxy_hops: int) -> str:
     """Who an anonymous client is counted as: its IP (``client_ip``), an IPv6 one as its /64."""
     return _network(client_ip(request, proxy_hops))
+
+
+def peer_address(forwarded_for: list[str], remote: str | None, proxy_hops: int) -> str:
+    """``client_address`` of a request's X-Forwarded-For lines and its peer's address."""
+    return _network(peer_ip(forwarded_for, remote, proxy_hops))
 
 
 def _network(address: str) -> str:
@@ -291,7 +301,11 @@ class Authenticator:
 
     def nobody(self, request: web.Request) -> Principal:
         """The anonymous principal of a request: its grants, counted by client address."""
-        return Principal(f"ip:{client_address(request, self.proxy_hops)}", self.anonymous, anonymous=True)
+        return self.nobody_at(client_address(request, self.proxy_hops))
+
+    def nobody_at(self, address: str) -> Principal:
+        """The anonymous principal of a client at ``address`` (``client_address``)."""
+        return Principal(f"ip:{address}", self.anonymous, anonymous=True)
 
     async def bearer(self, header: str) -> Principal:
         """The principal of an Authorization header (only ``Bearer <token>`` is taken)."""

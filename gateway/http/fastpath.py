@@ -15,9 +15,10 @@ Why: aiohttp's path (a Request and a StreamWriter, a task, the router, the endpo
 wrapper, a Response prepared, its headers serialised) was over half of the ~75 µs of
 gateway CPU an append cost (docs/benchmarks.md, issue 28).
 
-Never answered here, so answered by aiohttp exactly as before: rate limits on, the
-access log on (``fast_application`` is then not used at all); with access control on,
-a request without Authorization (anonymous grants, signed URLs); a request with an
+Never answered here, so answered by aiohttp exactly as before: the access log on
+(``fast_application`` is then not used at all); with access control on,
+a request without Authorization (anonymous grants, signed URLs; with credentials it is
+admitted here as there: Guard.admit_append); a request with an
 Origin (browsers: CORS), Expect, Upgrade, a Connection other than
 keep-alive, a Content-Encoding, a query, a percent-escape or dot segment in its
 path, no Host, a body over ``MAX_BODY_BYTES`` or --max-body-bytes, or one not in
@@ -33,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import time
 import warnings
+from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any, Final
 
@@ -40,6 +42,7 @@ from aiohttp import web
 from aiohttp.helpers import rfc822_formatted_time
 from aiohttp.http import SERVER_SOFTWARE
 from aiohttp.web_protocol import RequestHandler
+from multidict import CIMultiDict
 
 from ..config import Settings
 from ..protocol import caching
@@ -47,6 +50,7 @@ from ..protocol.errors import ProtocolError
 from ..protocol.http1 import OTHER, Head, parse_head
 from ..protocol.namespace import RESERVED
 from ..telemetry import metrics
+from .auth import peer_address
 from .context import GATEWAY, Gateway
 from .endpoint import error_answer
 from .handlers import append_asked, append_body, valid_stream_id
@@ -116,7 +120,6 @@ def usable(settings: Settings) -> bool:
     aiohttp app is used, and no byte is looked at twice."""
     return (
         settings.fast_appends
-        and not settings.rate_limits
         and not settings.access_log
         and bool(settings.prefix.rstrip("/"))  # streams at the root share it with every other route
     )
@@ -293,7 +296,7 @@ class Connection(RequestHandler):
         try:
             try:
                 h = head.headers
-                await gw.guard.admit_append(h["Host"], h.get("Authorization"), path)
+                await gw.guard.admit_append(h["Host"], h.get("Authorization"), path, self._address(gw, h))
                 sid = valid_stream_id(path, gw.settings.max_path_bytes)
                 asked = append_asked(h, sid)
                 if not reserved:  # (else taken as it began to arrive)
@@ -310,6 +313,16 @@ class Connection(RequestHandler):
             gw.bodies.release(self)
             metrics.observe_fast_request("stream", "POST", status, time.perf_counter() - started)
             self._done()
+
+    def _address(self, gw: Gateway, h: CIMultiDict[str]) -> Callable[[], str]:
+        """The client's address as rate limits count it (``auth.client_address``), to ask."""
+
+        def address() -> str:
+            peer = self.transport.get_extra_info("peername") if self.transport is not None else None
+            remote = str(peer[0]) if isinstance(peer, (list, tuple)) else None if peer is None else str(peer)
+            return peer_address(h.getall("X-Forwarded-For", []), remote, gw.settings.trusted_proxy_hops)
+
+        return address
 
     def _write(self, status: int, headers: dict[str, str], content: bytes) -> None:
         transport = self.transport

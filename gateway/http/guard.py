@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 
 from aiohttp import web
 from multidict import CIMultiDict
@@ -175,15 +175,25 @@ class Guard:
                 same = browser.same_origin(origin, request.host, self.settings.public_url)
                 browser.check_origin(self.cors, origin, same)
 
-    async def admit_append(self, host: str, authorization: str | None, path: str) -> None:
+    async def admit_append(
+        self, host: str, authorization: str | None, path: str, address: Callable[[], str]
+    ) -> None:
         """``admit_stream`` for an append answered on its connection (fastpath.py), whose
-        request has no Origin, and Authorization when access control is on: no rate
-        limits then, and write backpressure was found off before."""
+        request has no Origin and, when access control is on, Authorization (write
+        backpressure was found off before). ``address``: its ``client_address``."""
         self.check_host(host)
+        principal = OPEN
         if self.auth is not None:
-            if authorization is None:  # anonymous: counted by client address, aiohttp's path
-                raise AssertionError("fastpath takes an anonymous append only without access control")
-            access.check(await self.auth.bearer(authorization), "write", path)
+            if authorization is None:  # fastpath.py leaves anonymous appends to aiohttp's path
+                raise AssertionError("an anonymous append with access control on")
+            try:
+                principal = await self.auth.bearer(authorization)
+            except ProtocolError as exc:
+                if exc.status == 401:  # bad credentials count as anonymous, as in _principal
+                    await self._limit(self.auth.nobody_at(address()), "write", path, address)
+                raise
+            access.check(principal, "write", path)
+        await self._limit(principal, "write", path, address)
 
     def check_host(self, host: str) -> None:
         """Access control off on loopback: only a loopback name (or the public URL's) is
@@ -226,14 +236,18 @@ class Guard:
 
     async def limit(self, request: web.Request, principal: Principal, scope: Scope, path: str) -> None:
         """429 + Retry-After when the bucket of the rule that applies is empty."""
+        await self._limit(
+            principal, scope, path, lambda: client_address(request, self.settings.trusted_proxy_hops)
+        )
+
+    async def _limit(self, principal: Principal, scope: Scope, path: str, address: Callable[[], str]) -> None:
+        """``limit``; ``address``: the client's address, asked only when it counts."""
         if self.limiter is None:
             return
         rule = quotas.match(self.rules, scope, path, principal.anonymous)
         if rule is None:
             return
-        who = access.holder(principal)
-        if principal is OPEN:
-            who = f"ip:{client_address(request, self.settings.trusted_proxy_hops)}"
+        who = f"ip:{address()}" if principal is OPEN else access.holder(principal)
         wait = await self.limiter.take(who, rule)
         if wait > 0:
             raise ProtocolError(429, "rate limit exceeded", {"Retry-After": str(max(1, math.ceil(wait)))})
