@@ -16,9 +16,8 @@ wrapper, a Response prepared, its headers serialised) was over half of the ~75 Â
 gateway CPU an append cost (docs/benchmarks.md, issue 28).
 
 Never answered here, so answered by aiohttp exactly as before: the access log on
-(``fast_application`` is then not used at all); with access control on,
-a request without Authorization (anonymous grants, signed URLs; with credentials it is
-admitted here as there: Guard.admit_append); a request with an
+(``fast_application`` is then not used at all); a signed URL's request (it has a query;
+any other is admitted here as there: Guard.admit_append); a request with an
 Origin (browsers: CORS), Expect, Upgrade, a Connection other than
 keep-alive, a Content-Encoding, a query, a percent-escape or dot segment in its
 path, no Host, a body over ``MAX_BODY_BYTES`` or --max-body-bytes, or one not in
@@ -275,8 +274,6 @@ class Connection(RequestHandler):
         h = head.headers
         if "Origin" in h or "Expect" in h or "Upgrade" in h or "Content-Encoding" in h or "Host" not in h:
             return None
-        if gw.guard.auth is not None and "Authorization" not in h:
-            return None  # anonymous grants count by client address; a signed URL has a query
         connection = h.get("Connection")
         if connection is not None and connection.lower() != "keep-alive":
             return None

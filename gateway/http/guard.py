@@ -179,15 +179,16 @@ class Guard:
         self, host: str, authorization: str | None, path: str, address: Callable[[], str]
     ) -> None:
         """``admit_stream`` for an append answered on its connection (fastpath.py), whose
-        request has no Origin and, when access control is on, Authorization (write
-        backpressure was found off before). ``address``: its ``client_address``."""
+        request has no Origin and no query (so no signed URL); write backpressure was found
+        off before. ``address``: its ``client_address``, asked only when it counts."""
         self.check_host(host)
         principal = OPEN
         if self.auth is not None:
-            if authorization is None:  # fastpath.py leaves anonymous appends to aiohttp's path
-                raise AssertionError("an anonymous append with access control on")
             try:
-                principal = await self.auth.bearer(authorization)
+                if authorization is None:
+                    principal = self.auth.nobody_at(address())
+                else:
+                    principal = await self.auth.bearer(authorization)
             except ProtocolError as exc:
                 if exc.status == 401:  # bad credentials count as anonymous, as in _principal
                     await self._limit(self.auth.nobody_at(address()), "write", path, address)
