@@ -107,6 +107,41 @@ async def test_the_access_log_is_off_by_default_and_text_says_it_all(
     assert record.getMessage().endswith("ms")
 
 
+async def test_appends_answered_on_the_connection_are_logged_as_any_request(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """http/fastpath.py's appends (and their refusals) in the access log, the same line as
+    aiohttp's path writes for them (but the duration)."""
+    from gateway.telemetry import metrics
+
+    lines = []
+    for fast in (True, False):
+        server = await start_gateway(redis_url, access_log=True, fast_appends=fast)
+        name = f"logged-append-{fast}-{time.monotonic_ns()}"
+        url = server.make_url(f"/v1/stream/{name}")
+        metrics.flush_requests()
+        before = metrics.FAST_PATH._value.get()
+        caplog.clear()
+        try:
+            with caplog.at_level(logging.INFO, logger="durable_streams.access"):
+                async with aiohttp.ClientSession() as http:
+                    async with http.put(url, headers={"Content-Type": "text/plain"}) as r:
+                        assert r.status == 201
+                    async with http.post(url, data=b"hello", headers={"Content-Type": "text/plain"}) as r:
+                        assert r.status == 204
+                    async with http.post(url, data=b"[1]", headers={"Content-Type": "application/json"}) as r:
+                        assert r.status == 409
+        finally:
+            await server.close()
+        metrics.flush_requests()
+        assert metrics.FAST_PATH._value.get() - before == (2 if fast else 0)
+        messages = [r.getMessage() for r in caplog.records if r.name == "durable_streams.access"]
+        lines.append([m.replace(name, "NAME").rsplit(" ", 1)[0] for m in messages])  # less the duration
+    assert lines[0] == lines[1]
+    assert lines[0][1:] == ['127.0.0.1 "POST /v1/stream/NAME" 204 0', lines[0][2]]
+    assert lines[0][2].startswith('127.0.0.1 "POST /v1/stream/NAME" 409 ')
+
+
 def test_archive_worker_logs_json(tmp_path: Path) -> None:
     proc, log = _start(
         tmp_path, "archive", "--redis-url", f"redis://127.0.0.1:{free_port()}/0", "--log-format", "json",

@@ -48,13 +48,17 @@ class AccessLog:
     def record(self, request: web.Request, status: int, size: int, seconds: float) -> None:
         url = request.rel_url
         path = redacted_target(url.raw_path, url.raw_query_string)
-        remote = client_ip(request, self.proxy_hops)
+        self.line(client_ip(request, self.proxy_hops), request.method, path, status, size, seconds)
+
+    def line(self, remote: str, method: str, path: str, status: int, size: int, seconds: float) -> None:
+        """One request's line (``path`` redacted already; http/fastpath.py's appends have
+        no query, so theirs is as sent)."""
         duration_ms = round(seconds * 1000, 3)
         log.info(
             '%s "%s %s" %d %d %.1fms',
-            remote, request.method, path, status, size, duration_ms,
+            remote, method, path, status, size, duration_ms,
             extra={
-                "method": request.method, "path": path, "status": status, "bytes": size,
+                "method": method, "path": path, "status": status, "bytes": size,
                 "duration_ms": duration_ms, "remote": remote,
             },
         )  # fmt: skip

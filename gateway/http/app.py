@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from aiohttp import web
 
@@ -64,13 +65,18 @@ def create_app(
     logging.getLogger("aiohttp.server").addFilter(QUIET_MALFORMED)  # once: the same filter object
     metrics.publish_build_info()
     # Bodies are inflated by gateway/http/bodies.py, within the size limit, not by aiohttp.
-    # Plain appends answered on the connection itself when the settings allow (fastpath.py).
-    make = fastpath.fast_application if fastpath.usable(settings) else web.Application
-    app = make(client_max_size=settings.max_body_bytes, handler_args={"auto_decompress": False})
+    access = AccessLog(settings.trusted_proxy_hops) if settings.access_log else None
+    options: dict[str, Any] = {
+        "client_max_size": settings.max_body_bytes,
+        "handler_args": {"auto_decompress": False},
+    }
+    if fastpath.usable(settings):  # plain appends answered on the connection itself (fastpath.py)
+        app = fastpath.fast_application(access, **options)
+    else:
+        app = web.Application(**options)
     if embedded:
         app[ops.EMBEDDED_REDIS] = redis_url
     guard = _guard(settings)
-    access = AccessLog(settings.trusted_proxy_hops) if settings.access_log else None
     lifecycle.install(
         app, settings, redis_url, guard, on_refusal=on_refusal, drain_on_sigterm=drain_on_sigterm
     )

@@ -15,14 +15,14 @@ Why: aiohttp's path (a Request and a StreamWriter, a task, the router, the endpo
 wrapper, a Response prepared, its headers serialised) was over half of the ~75 µs of
 gateway CPU an append cost (docs/benchmarks.md, issue 28).
 
-Never answered here, so answered by aiohttp exactly as before: the access log on
-(``fast_application`` is then not used at all); a signed URL's request (it has a query;
-any other is admitted here as there: Guard.admit_append); a request with an
-Origin (browsers: CORS), Expect, Upgrade, a Connection other than
-keep-alive, a Content-Encoding, a query, a percent-escape or dot segment in its
-path, no Host, a body over ``MAX_BODY_BYTES`` or --max-body-bytes, or one not in
-within ``BODY_WAIT_SECONDS``; the reserved namespace; anything while storage is not
-ready, the gateway drains (SIGTERM) or write backpressure is on.
+Admission (Guard.admit_append: host, credentials and grants, rate limits) and the access
+log's line are those of aiohttp's path too. Never answered here, so answered by aiohttp
+exactly as before: a request with a query (a signed URL's), an Origin (browsers: CORS),
+Expect, Upgrade, a Connection other than keep-alive, a Content-Encoding, a percent-escape,
+fragment or dot segment in its path, no Host, a body over ``MAX_BODY_BYTES`` or
+--max-body-bytes, or one not in within ``BODY_WAIT_SECONDS``; the reserved namespace;
+anything while storage is not ready, the gateway drains (SIGTERM) or write backpressure is
+on; everything with --no-fast-appends or streams at the root (``usable``).
 
 Leans on aiohttp's RequestHandler internals (its message queue, waiter and keep-alive
 fields), hence aiohttp pinned below 3.15 and tests/test_fastpath.py checking them.
@@ -49,7 +49,8 @@ from ..protocol.errors import ProtocolError
 from ..protocol.http1 import OTHER, Head, parse_head
 from ..protocol.namespace import RESERVED
 from ..telemetry import metrics
-from .auth import peer_address
+from .accesslog import AccessLog
+from .auth import peer_address, peer_ip
 from .context import GATEWAY, Gateway
 from .endpoint import error_answer
 from .handlers import append_asked, append_body, valid_stream_id
@@ -69,9 +70,16 @@ _SERVER = f"Server: {SERVER_SOFTWARE}\r\n"
 _NO_BODY = (204, 304)
 
 
-def fast_application(**kwargs: Any) -> web.Application:
-    """A web.Application whose connections are ``Connection``s (``kwargs``: web.Application's)."""
-    return _Application(**kwargs)
+ACCESS = web.AppKey("fastpath_access_log", AccessLog)
+
+
+def fast_application(access: AccessLog | None = None, **kwargs: Any) -> web.Application:
+    """A web.Application whose connections are ``Connection``s (``kwargs``: web.Application's);
+    ``access``: the access log its appends are recorded in, if on."""
+    app = _Application(**kwargs)
+    if access is not None:
+        app[ACCESS] = access
+    return app
 
 
 with warnings.catch_warnings():  # aiohttp discourages subclassing Application (a DeprecationWarning)
@@ -101,6 +109,7 @@ class _Server(web.Server):
         self.app = app
         self.prefix = ""
         self.plain = ""  # the plain browser headers (Guard.plain), as they are written
+        self.access: AccessLog | None = None
 
     def __call__(self) -> RequestHandler:
         return Connection(self, loop=self._loop, **self._kwargs)
@@ -109,6 +118,7 @@ class _Server(web.Server):
         """The app's Gateway, once startup made it; its stream prefix with it."""
         gw = self.app.get(GATEWAY)
         if gw is not None and not self.prefix:
+            self.access = self.app.get(ACCESS)
             self.prefix = gw.settings.prefix.rstrip("/") + "/"
             self.plain = "".join(f"{name}: {value}\r\n" for name, value in gw.guard.plain.items())
         return gw
@@ -119,7 +129,6 @@ def usable(settings: Settings) -> bool:
     aiohttp app is used, and no byte is looked at twice."""
     return (
         settings.fast_appends
-        and not settings.access_log
         and bool(settings.prefix.rstrip("/"))  # streams at the root share it with every other route
     )
 
@@ -308,16 +317,23 @@ class Connection(RequestHandler):
             self._write(status, headers, content)
         finally:
             gw.bodies.release(self)
-            metrics.observe_fast_request("stream", "POST", status, time.perf_counter() - started)
+            seconds = time.perf_counter() - started
+            metrics.observe_fast_request("stream", "POST", status, seconds)
+            access = self._manager.access if self._manager is not None else None  # type: ignore[attr-defined]
+            if access is not None:
+                remote = self._address(gw, head.headers, network=False)()
+                access.line(remote, head.method, head.target, status, len(content), seconds)
             self._done()
 
-    def _address(self, gw: Gateway, h: CIMultiDict[str]) -> Callable[[], str]:
-        """The client's address as rate limits count it (``auth.client_address``), to ask."""
+    def _address(self, gw: Gateway, h: CIMultiDict[str], network: bool = True) -> Callable[[], str]:
+        """The client's address as rate limits count it (``auth.client_address``), to ask;
+        ``network=False``: its IP as the access log shows it (``auth.client_ip``)."""
 
         def address() -> str:
             peer = self.transport.get_extra_info("peername") if self.transport is not None else None
             remote = str(peer[0]) if isinstance(peer, (list, tuple)) else None if peer is None else str(peer)
-            return peer_address(h.getall("X-Forwarded-For", []), remote, gw.settings.trusted_proxy_hops)
+            find = peer_address if network else peer_ip
+            return find(h.getall("X-Forwarded-For", []), remote, gw.settings.trusted_proxy_hops)
 
         return address
 
