@@ -5,9 +5,11 @@ plain goes to aiohttp, byte for byte."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 import pytest
@@ -28,11 +30,20 @@ def fast_answers() -> float:
     return metrics.FAST_PATH._value.get()
 
 
+@contextlib.asynccontextmanager
+async def both_paths(redis_url: str, **options: object) -> AsyncIterator[tuple[str, str]]:
+    """Two gateways on one Redis with ``options``: the fast path on, and off."""
+    async with (
+        serving(redis_url, **options) as fast,
+        serving(redis_url, fast_appends=False, **options) as full,
+    ):
+        yield fast, full
+
+
 @pytest.fixture(scope="module")
 async def pair(redis_url: str) -> AsyncIterator[tuple[str, str]]:
-    """Two gateways on one Redis: the fast path on, and off."""
-    async with serving(redis_url, **LIMITS) as fast, serving(redis_url, fast_appends=False, **LIMITS) as full:
-        yield fast, full
+    async with both_paths(redis_url, **LIMITS) as gateways:
+        yield gateways
 
 
 class Raw:
@@ -78,6 +89,24 @@ def post(path: str, body: bytes = b"", *fields: str, content_type: str | None = 
 
 def request(method: str, path: str, *fields: str) -> bytes:
     return ("\r\n".join([f"{method} {path} HTTP/1.1", "Host: 127.0.0.1", *fields]) + "\r\n\r\n").encode()
+
+
+async def answered(base: str, name: str, steps: list[Callable[[str], bytes]]) -> list[Answer]:
+    """``steps`` (requests made from the stream's path) sent in turn on one connection: the
+    answers, comparable across gateways and streams."""
+    raw = await Raw.open(base)
+    try:
+        path = aiohttp.client.URL(f"{base}/{name}").path
+        answers = []
+        for step in steps:
+            await raw.send(step(path))
+            answers.append(comparable(await raw.answer(), name))
+        return answers
+    finally:
+        await raw.close()
+
+
+Answer = tuple[int, dict[str, str], bytes]
 
 
 def comparable(answer: tuple[int, dict[str, str], bytes], name: str) -> tuple[int, dict[str, str], bytes]:
@@ -162,16 +191,7 @@ async def test_the_same_answers_as_aiohttps_path(
         if media is not None:
             async with http.put(f"{base}/{name}", headers={"Content-Type": media}) as r:
                 assert r.status == 201
-        path = aiohttp.client.URL(f"{base}/{name}").path
-        raw = await Raw.open(base)
-        try:
-            mine = []
-            for step in steps:
-                await raw.send(step(path))
-                mine.append(comparable(await raw.answer(), name))
-            answers.append(mine)
-        finally:
-            await raw.close()
+        answers.append(await answered(base, name, steps))
         if base == pair[0]:
             fast = fast_answers() - before
     assert answers[0] == answers[1]
@@ -191,12 +211,8 @@ async def auth_pair(
     tokens = tmp_path_factory.mktemp("fastpath-auth") / "tokens.json"
     grants = [("admin", ADMIN, "admin:"), ("reader", READER, "read:"), ("writer", WRITER, "write:fp-auth-w")]
     tokens.write_text(json.dumps({"tokens": [{"name": n, "token": t, "grants": g} for n, t, g in grants]}))
-    options = {**LIMITS, "auth_tokens_file": str(tokens)}
-    async with (
-        serving(redis_url, **options) as fast,
-        serving(redis_url, fast_appends=False, **options) as full,
-    ):
-        yield fast, full
+    async with both_paths(redis_url, **LIMITS, auth_tokens_file=str(tokens)) as gateways:
+        yield gateways
 
 
 async def test_the_same_answers_with_access_control_on(
@@ -222,11 +238,7 @@ async def test_the_same_answers_with_access_control_on(
             f"{base}/{name}", headers={"Content-Type": "text/plain", "Authorization": f"Bearer {ADMIN}"}
         ) as r:
             assert r.status == 201
-        path = aiohttp.client.URL(f"{base}/{name}").path
-        raw = await Raw.open(base)
-        mine = [(await raw.send(step(path)), comparable(await raw.answer(), name))[1] for step in steps]
-        await raw.close()
-        answers.append(mine)
+        answers.append(await answered(base, name, steps))
         if kind == "w":
             fast = fast_answers() - before
     assert [a[0] for a in answers[0]] == [204, 204, 403, 401, 401, 401, 200]
@@ -240,12 +252,12 @@ async def test_the_same_answers_with_access_control_on(
 async def limited_pair(redis_url: str) -> AsyncIterator[tuple[str, str]]:
     """``pair`` with a rate limit on writes; one trusted proxy, so that each test run's
     X-Forwarded-For is a client of its own (a bucket of its own)."""
-    options = {**LIMITS, "rate_limits": "write:=3/m", "trusted_proxy_hops": 1}
-    async with (
-        serving(redis_url, **options) as fast,
-        serving(redis_url, fast_appends=False, **options) as full,
-    ):
-        yield fast, full
+    async with both_paths(redis_url, **LIMITS, rate_limits="write:=3/m", trusted_proxy_hops=1) as gateways:
+        yield gateways
+
+
+def appended(n: int, field: str, path: str) -> bytes:
+    return post(path, b"%d" % n, field)
 
 
 async def test_the_same_answers_with_rate_limits_on(
@@ -259,14 +271,7 @@ async def test_the_same_answers_with_rate_limits_on(
         creator = {"Content-Type": "text/plain", "X-Forwarded-For": f"203.0.113.{n}"}
         async with http.put(f"{base}/{name}", headers=creator) as r:
             assert r.status == 201
-        path = aiohttp.client.URL(f"{base}/{name}").path
-        raw = await Raw.open(base)
-        mine = [
-            (await raw.send(post(path, b"%d" % k, client)), comparable(await raw.answer(), name))[1]
-            for k in range(4)
-        ]
-        await raw.close()
-        answers.append(mine)
+        answers.append(await answered(base, name, [functools.partial(appended, k, client) for k in range(4)]))
         if base == limited_pair[0]:
             fast = fast_answers() - before
     assert [a[0] for a in answers[0]] == [204, 204, 204, 429]
