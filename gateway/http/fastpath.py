@@ -68,9 +68,7 @@ MAX_PENDING_BYTES: Final = 1 << 20
 _REASONS = {status.value: status.phrase for status in HTTPStatus}
 _SERVER = f"Server: {SERVER_SOFTWARE}\r\n"
 _NO_BODY = (204, 304)
-
-
-ACCESS = web.AppKey("fastpath_access_log", AccessLog)
+ACCESS = web.AppKey("fastpath_access_log", AccessLog)  # the access log, when it is on
 
 
 def fast_application(access: AccessLog | None = None, **kwargs: Any) -> web.Application:
@@ -115,7 +113,8 @@ class _Server(web.Server):
         return Connection(self, loop=self._loop, **self._kwargs)
 
     def gateway(self) -> Gateway | None:
-        """The app's Gateway, once startup made it; its stream prefix with it."""
+        """The app's Gateway, once startup made it; with it, what every answer here takes
+        from it is worked out once (the stream prefix, the browser headers, the access log)."""
         gw = self.app.get(GATEWAY)
         if gw is not None and not self.prefix:
             self.access = self.app.get(ACCESS)
