@@ -17,6 +17,7 @@ import os
 import re
 import time
 from collections import OrderedDict
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -290,18 +291,23 @@ class Authenticator:
 
     async def principal(self, request: web.Request, path: str) -> Principal:
         """From the Authorization header, else a signed URL for ``path``, else anonymous."""
-        header = request.headers.get("Authorization")
-        if header is not None:
-            return await self.bearer(header)
-        if has_signature(request.query):
+        hops = self.proxy_hops
+        return await self.principal_of(
+            request.headers.get("Authorization"), request.query, path, lambda: client_address(request, hops)
+        )
+
+    async def principal_of(
+        self, authorization: str | None, query: Mapping[str, str], path: str, address: Callable[[], str]
+    ) -> Principal:
+        """``principal`` of a request's Authorization header, query and ``client_address``
+        (asked only for an anonymous request)."""
+        if authorization is not None:
+            return await self.bearer(authorization)
+        if has_signature(query):
             if self.signing_key is None:
                 raise unauthorized("signed URLs are not enabled")
-            return verify_signed(self.signing_key, request.query, path, time.time())
-        return self.nobody(request)
-
-    def nobody(self, request: web.Request) -> Principal:
-        """The anonymous principal of a request: its grants, counted by client address."""
-        return self.nobody_at(client_address(request, self.proxy_hops))
+            return verify_signed(self.signing_key, query, path, time.time())
+        return self.nobody_at(address())
 
     def nobody_at(self, address: str) -> Principal:
         """The anonymous principal of a client at ``address`` (``client_address``)."""

@@ -39,9 +39,9 @@ class BodyBudget:
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.held = 0
-        # By id(request): the request is alive until release(), so ids cannot repeat
+        # By id(owner): the owner is alive until release(), so ids cannot repeat
         # meanwhile; a plain dict, as the request's own storage costs more per lookup.
-        self._by_request: dict[int, int] = {}
+        self._by_owner: dict[int, int] = {}
 
     def take(self, owner: object, size: int) -> None:
         """Count ``size`` more bytes against the budget for ``owner`` (a request, or a
@@ -49,15 +49,15 @@ class BodyBudget:
         admitted while no other request holds any, however large."""
         if size <= 0:
             return
-        mine = self._by_request.get(id(owner), 0)
+        mine = self._by_owner.get(id(owner), 0)
         if self.held > mine and self.held + size > self.limit:
             raise ProtocolError(503, "too many request bodies in flight, retry", {"Retry-After": "1"})
         self.held += size
-        self._by_request[id(owner)] = mine + size
+        self._by_owner[id(owner)] = mine + size
 
     def release(self, owner: object) -> None:
         """The request is answered: its bytes are free again."""
-        self.held -= self._by_request.pop(id(owner), 0)
+        self.held -= self._by_owner.pop(id(owner), 0)
 
 
 def read_body(

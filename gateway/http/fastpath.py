@@ -33,7 +33,6 @@ from __future__ import annotations
 import asyncio
 import time
 import warnings
-from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any, Final
 
@@ -41,7 +40,6 @@ from aiohttp import web
 from aiohttp.helpers import rfc822_formatted_time
 from aiohttp.http import SERVER_SOFTWARE
 from aiohttp.web_protocol import RequestHandler
-from multidict import CIMultiDict
 
 from ..config import Settings
 from ..protocol import caching
@@ -297,17 +295,20 @@ class Connection(RequestHandler):
         self._answering = self._loop.create_task(self._append(gw, head, path, body, reserved))
 
     async def _append(self, gw: Gateway, head: Head, path: str, body: bytes, reserved: bool) -> None:
-        started, status = time.perf_counter(), 500
+        started, status, content = time.perf_counter(), 500, b""
+        h, hops = head.headers, gw.settings.trusted_proxy_hops
+
+        def address() -> str:  # the client's, as rate limits count it (asked when it counts)
+            return peer_address(h.getall("X-Forwarded-For", []), self._remote(), hops)
+
         try:
             try:
-                h = head.headers
-                await gw.guard.admit_append(h["Host"], h.get("Authorization"), path, self._address(gw, h))
+                await gw.guard.admit_append(h["Host"], h.get("Authorization"), path, address)
                 sid = valid_stream_id(path, gw.settings.max_path_bytes)
                 asked = append_asked(h, sid)
                 if not reserved:  # (else taken as it began to arrive)
                     gw.bodies.take(self, len(body))
                 status, headers = await append_body(gw, self, sid, asked, h.get("Content-Type"), body)
-                content = b""
             except Exception as exc:
                 status, headers, content = error_answer(exc, head.method, head.target)
             if gw.draining:  # SIGTERM came meanwhile: as endpoint.py, this connection's last answer
@@ -320,21 +321,14 @@ class Connection(RequestHandler):
             metrics.observe_fast_request("stream", "POST", status, seconds)
             access = self._manager.access if self._manager is not None else None  # type: ignore[attr-defined]
             if access is not None:
-                remote = self._address(gw, head.headers, network=False)()
+                remote = peer_ip(h.getall("X-Forwarded-For", []), self._remote(), hops)
                 access.line(remote, head.method, head.target, status, len(content), seconds)
             self._done()
 
-    def _address(self, gw: Gateway, h: CIMultiDict[str], network: bool = True) -> Callable[[], str]:
-        """The client's address as rate limits count it (``auth.client_address``), to ask;
-        ``network=False``: its IP as the access log shows it (``auth.client_ip``)."""
-
-        def address() -> str:
-            peer = self.transport.get_extra_info("peername") if self.transport is not None else None
-            remote = str(peer[0]) if isinstance(peer, (list, tuple)) else None if peer is None else str(peer)
-            find = peer_address if network else peer_ip
-            return find(h.getall("X-Forwarded-For", []), remote, gw.settings.trusted_proxy_hops)
-
-        return address
+    def _remote(self) -> str | None:
+        """The peer's address, as aiohttp's ``request.remote`` has it."""
+        peer = self.transport.get_extra_info("peername") if self.transport is not None else None
+        return str(peer[0]) if isinstance(peer, (list, tuple)) else None if peer is None else str(peer)
 
     def _write(self, status: int, headers: dict[str, str], content: bytes) -> None:
         transport = self.transport

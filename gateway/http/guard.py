@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 
 from aiohttp import web
 from multidict import CIMultiDict
@@ -147,15 +147,42 @@ class Guard:
         if request.method == "OPTIONS":  # a preflight carries no credentials: answered for anyone
             return
         self._check_host_and_origin(request)
+        authorization, address = request.headers.get("Authorization"), self._address(request)
+        paused = stream and stores_data(request)
+        principal = await self._admit(authorization, request.query, scope, path, address, paused=paused)
+        if self.auth is not None or self.limiter is not None:
+            request[PRINCIPAL] = principal
+
+    async def admit_append(
+        self, host: str, authorization: str | None, path: str, address: Callable[[], str]
+    ) -> None:
+        """``admit_path`` for an append answered on its connection (fastpath.py): its request
+        has no Origin and no query (so no signed URL), and write backpressure was found off
+        before. ``address``: its ``client_address``, asked only when it counts."""
+        self.check_host(host)
+        await self._admit(authorization, {}, "write", path, address, paused=False)
+
+    async def _admit(
+        self,
+        authorization: str | None,
+        query: Mapping[str, str],
+        scope: Scope,
+        path: str,
+        address: Callable[[], str],
+        *,
+        paused: bool,
+    ) -> Principal:
+        """Credentials and ``scope`` on ``path``, then write backpressure (``paused``: a
+        request that may store data; after them, a client that may not write is told so,
+        not to retry), then rate limits (a refused write takes no token)."""
         principal = OPEN
         if self.auth is not None or self.limiter is not None:
-            principal = await self._principal(request, scope, path)
+            principal = await self._principal_of(authorization, query, scope, path, address)
             access.check(principal, scope, path)
-            request[PRINCIPAL] = principal
-        if stream and self.pause is not None and self.pause.active and stores_data(request):
+        if paused and self.pause is not None and self.pause.active:
             self.pause.check(path)
-        if self.limiter is not None:
-            await self.limit(request, principal, scope, path)
+        await self._limit(principal, scope, path, address)
+        return principal
 
     async def admit_listing(self, request: web.Request, prefix: str) -> Principal:
         """A listing of ``prefix`` (http/listing.py): like a read of it, except that
@@ -175,27 +202,6 @@ class Guard:
                 same = browser.same_origin(origin, request.host, self.settings.public_url)
                 browser.check_origin(self.cors, origin, same)
 
-    async def admit_append(
-        self, host: str, authorization: str | None, path: str, address: Callable[[], str]
-    ) -> None:
-        """``admit_stream`` for an append answered on its connection (fastpath.py), whose
-        request has no Origin and no query (so no signed URL); write backpressure was found
-        off before. ``address``: its ``client_address``, asked only when it counts."""
-        self.check_host(host)
-        principal = OPEN
-        if self.auth is not None:
-            try:
-                if authorization is None:
-                    principal = self.auth.nobody_at(address())
-                else:
-                    principal = await self.auth.bearer(authorization)
-            except ProtocolError as exc:
-                if exc.status == 401:  # bad credentials count as anonymous, as in _principal
-                    await self._limit(self.auth.nobody_at(address()), "write", path, address)
-                raise
-            access.check(principal, "write", path)
-        await self._limit(principal, "write", path, address)
-
     def check_host(self, host: str) -> None:
         """Access control off on loopback: only a loopback name (or the public URL's) is
         served, so a web page cannot reach this server by DNS rebinding."""
@@ -204,16 +210,29 @@ class Guard:
                 raise ProtocolError(403, "this server answers only to localhost (access control is off)")
 
     async def _principal(self, request: web.Request, scope: Scope, path: str) -> Principal:
-        """Who the request acts as (OPEN without access control); bad credentials are
+        """Who the request acts as (``_principal_of``)."""
+        authorization = request.headers.get("Authorization")
+        return await self._principal_of(authorization, request.query, scope, path, self._address(request))
+
+    async def _principal_of(
+        self, authorization: str | None, query: Mapping[str, str], scope: Scope, path: str,
+        address: Callable[[], str],
+    ) -> Principal:  # fmt: skip
+        """Who a request acts as (OPEN without access control); bad credentials are
         charged to the rate limits as anonymous, then refused (401)."""
         if self.auth is None:
             return OPEN
         try:
-            return await self.auth.principal(request, path)
+            return await self.auth.principal_of(authorization, query, path, address)
         except ProtocolError as exc:
             if exc.status == 401:
-                await self.limit(request, self.auth.nobody(request), scope, path)
+                await self._limit(self.auth.nobody_at(address()), scope, path, address)
             raise
+
+    def _address(self, request: web.Request) -> Callable[[], str]:
+        """The request's ``client_address``, to ask when it counts."""
+        hops = self.settings.trusted_proxy_hops
+        return lambda: client_address(request, hops)
 
     async def admit_ops(self, request: web.Request, route: str) -> None:
         """/metrics, /healthz, /readyz: only on the admin listener when there is one;
@@ -237,9 +256,7 @@ class Guard:
 
     async def limit(self, request: web.Request, principal: Principal, scope: Scope, path: str) -> None:
         """429 + Retry-After when the bucket of the rule that applies is empty."""
-        await self._limit(
-            principal, scope, path, lambda: client_address(request, self.settings.trusted_proxy_hops)
-        )
+        await self._limit(principal, scope, path, self._address(request))
 
     async def _limit(self, principal: Principal, scope: Scope, path: str, address: Callable[[], str]) -> None:
         """``limit``; ``address``: the client's address, asked only when it counts."""
