@@ -69,6 +69,10 @@ class AppendResult:
     # CPU of the server's own processes (not the embedded Redis) per successful append, µs:
     # what a pod pays per append, the figure issue 28's target is set in
     server_cpu_us_per_append: float | None = None
+    # ... its embedded Redis's (none for the reference server), and the machine's CPU left
+    # idle meanwhile (%): where the append rate is bounded, by CPU or by waiting
+    redis_cpu_us_per_append: float | None = None
+    machine_idle_percent: float | None = None
 
 
 # wrk (C, epoll) drives the scenarios: it costs the 2-core machine far less CPU than a Python
@@ -184,12 +188,20 @@ async def run_appends(
         p99_ms=at(0.99),
         errors=dict(errors),
         server_cpu_percent=round(100 * meter.cpu_used() / elapsed, 1) if meter else None,
-        server_cpu_us_per_append=_us_per(meter, count),
+        **_costs(meter, count),
     )
 
 
-def _us_per(meter: ProcessMeter | None, count: float) -> float | None:
-    return round(1e6 * meter.cpu_used() / count, 1) if meter and count else None
+def _costs(meter: ProcessMeter | None, count: float) -> dict[str, float | None]:
+    """The CPU figures per append (µs) of a run, and the machine's idle share (%)."""
+    if meter is None or not count:
+        return {}
+    redis = meter.redis_cpu_used()
+    return {
+        "server_cpu_us_per_append": round(1e6 * meter.cpu_used() / count, 1),
+        "redis_cpu_us_per_append": None if redis is None else round(1e6 * redis / count, 1),
+        "machine_idle_percent": round(100 * meter.idle_share(), 1),
+    }
 
 
 async def _run_wrk(server: str, name: str, urls: list[str], seconds: float, meter: ProcessMeter | None):
@@ -226,7 +238,7 @@ async def _run_wrk(server: str, name: str, urls: list[str], seconds: float, mete
         errors=errors,
         server_cpu_percent=round(100 * meter.cpu_used() / elapsed, 1) if meter else None,
         generator="wrk",
-        server_cpu_us_per_append=_us_per(meter, ok),
+        **_costs(meter, ok),
     )
 
 

@@ -55,9 +55,18 @@ def cell_append(r: dict, baseline: dict | None = None) -> str:
         return f"{rate} = {r['mb_per_second']} MB/s"
     errors = sum(r["errors"].values())
     extra = f" (+{errors:,} errors)" if errors else ""
-    cpu = r.get("server_cpu_us_per_append")
-    cpu_text = f", {cpu:,.0f} µs CPU" if cpu and r["server"].startswith("ours") else ""
-    return f"{rate}, p99 {r['p99_ms']} ms{cpu_text}{extra}"
+    return f"{rate}, p99 {r['p99_ms']} ms{cpu_text(r)}{extra}"
+
+
+def cpu_text(r: dict) -> str:
+    """The server's CPU per append (µs), its Redis's (+), and the machine left idle."""
+    cpu, redis, idle = (r.get(k) for k in ("server_cpu_us_per_append", "redis_cpu_us_per_append",
+                                            "machine_idle_percent"))  # fmt: skip
+    if not cpu:
+        return ""
+    redis_text = f" + {redis:,.0f} Redis" if redis else ""
+    idle_text = f", {idle:.0f}% idle" if idle is not None else ""
+    return f", {cpu:,.0f}{redis_text} µs CPU{idle_text}"
 
 
 def table(results: dict[str, dict]) -> str:

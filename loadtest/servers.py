@@ -142,30 +142,55 @@ def start(kind: str, *extra_args: str) -> Iterator[Running]:
         shutil.rmtree(data_dir, ignore_errors=True)
 
 
-def _descendants(pid: int) -> list[int]:
-    """A process and its children, recursively (gunicorn workers; not the embedded Redis)."""
-    out = [pid]
+def _descendants(pid: int, redis: bool = False) -> list[int]:
+    """A process and its children, recursively (gunicorn workers; not the embedded Redis),
+    or (``redis``) the embedded Redis among them."""
+    out = [] if redis else [pid]
     for task in Path(f"/proc/{pid}/task").glob("*"):
         for child in (task / "children").read_text().split():
             if "redis" not in Path(f"/proc/{child}/cmdline").read_text():
-                out += _descendants(int(child))
+                out += _descendants(int(child), redis)
+            elif redis:
+                out.append(int(child))
     return out
 
 
+def _cpu_seconds(pids: list[int]) -> float:
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime + stime
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def _machine_seconds() -> tuple[float, float]:
+    """All CPUs' seconds since boot, and the idle ones among them (/proc/stat)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return sum(fields[:8]) / os.sysconf("SC_CLK_TCK"), (fields[3] + fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
 class ProcessMeter:
-    """CPU seconds (of the process and its workers) and resident memory (Linux /proc)."""
+    """CPU seconds (of the process and its workers; of its embedded Redis, if any; of the
+    machine left idle) and resident memory (Linux /proc)."""
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
-        self._cpu0 = self.cpu_seconds()
+        self._redis = _descendants(pid, redis=True)
+        self._cpu0, self._redis0 = self.cpu_seconds(), _cpu_seconds(self._redis)
+        self._machine0 = _machine_seconds()
         self.peak_rss_mb = self.rss_mb()
 
     def cpu_seconds(self) -> float:
-        total = 0
-        for pid in _descendants(self.pid):
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])  # utime + stime
-        return total / os.sysconf("SC_CLK_TCK")
+        return _cpu_seconds(_descendants(self.pid))
+
+    def redis_cpu_used(self) -> float | None:
+        """The embedded Redis's CPU seconds since the start (None: no embedded Redis)."""
+        return _cpu_seconds(self._redis) - self._redis0 if self._redis else None
+
+    def idle_share(self) -> float:
+        """The machine's CPU time left idle since the start, as a share of all of it."""
+        total, idle = (now - then for now, then in zip(_machine_seconds(), self._machine0, strict=True))
+        return idle / total if total else 0.0
 
     def rss_mb(self) -> float:
         for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():

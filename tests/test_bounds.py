@@ -273,6 +273,40 @@ async def test_slow_bodies_are_cut_off_and_bodies_in_flight_are_capped(redis_url
         await server.close()
 
 
+async def test_a_body_in_pieces_is_stored_whole_and_one_cut_short_not_at_all(redis_url, http) -> None:
+    """A body larger than the fast path takes (bodies.py reads it as it arrives, in the
+    pieces the parser hands over): every byte in order, or nothing when the client leaves."""
+    server = await start_gateway(redis_url, body_timeout=10.0)
+    try:
+        url = str(server.make_url(f"/v1/stream/pieces-{uuid.uuid4().hex[:8]}"))
+        path = "/" + url.split("//", 1)[1].split("/", 1)[1]
+        async with http.put(url, headers=BYTES) as r:
+            assert r.status == 201
+        body = os.urandom(3 << 20)  # 3 MiB: several steps (STEP_BYTES) as well
+        head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/octet-stream\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n").encode()  # fmt: skip
+
+        def send(pieces: int, upto: int) -> bytes:
+            with raw_connect(url) as s:
+                s.sendall(head)
+                step = -(-upto // pieces)
+                for at in range(0, upto, step):
+                    s.sendall(body[at : min(upto, at + step)])
+                    time.sleep(0.05)
+                if upto < len(body):
+                    return b""  # gone before the end of its body
+                return s.recv(4096)
+
+        answer = await asyncio.to_thread(send, 9, len(body))
+        assert answer.startswith(b"HTTP/1.1 204"), answer[:200]
+        await asyncio.to_thread(send, 5, len(body) // 2)
+        await asyncio.sleep(0.3)
+        async with http.get(url, params={"offset": "-1"}) as r:
+            assert r.status == 200 and await r.read() == body
+    finally:
+        await server.close()
+
+
 def rss_mb(pid: int) -> float:
     with open(f"/proc/{pid}/status") as f:
         for line in f:

@@ -17,6 +17,7 @@ from typing import Any
 from gunicorn import glogging
 
 from gateway import config
+from gateway.cli import allocator
 from gateway.telemetry import logs
 
 worker_class = "aiohttp.GunicornUVLoopWebWorker"
@@ -80,6 +81,7 @@ def post_fork(server: Any, worker: Any) -> None:
     # such a signal ends it at once.
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
         signal.signal(signum, signal.SIG_DFL)
+    allocator.keep_freed_memory()  # (as `serve` does before it forks: for gunicorn run directly)
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         from gateway.telemetry import metrics
 

@@ -23,7 +23,7 @@ from aiohttp import web
 from .. import __version__, config
 from ..protocol import access, quotas, ssrf
 from ..telemetry import logs
-from . import check, client, doctor, migrate
+from . import allocator, check, client, doctor, migrate
 from .embedded import EmbeddedRedis, Supervisor
 
 # Entry point group of further subcommands: each entry names a function that adds
@@ -91,7 +91,8 @@ def raise_fd_limit() -> None:
 
 def serve(settings: config.Settings) -> None:
     log = logging.getLogger("durable_streams")
-    raise_fd_limit()  # before gunicorn forks: workers inherit it
+    raise_fd_limit()  # before gunicorn forks: workers inherit it (and the next)
+    allocator.keep_freed_memory()
     supervisor = None
     redis_url = settings.redis_url
     if not redis_url:

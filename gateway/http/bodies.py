@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import zlib
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 
-from aiohttp import web
+from aiohttp import StreamReader, web
 
 from ..concurrency.ready import ready
 from ..protocol.errors import ProtocolError
@@ -173,12 +173,13 @@ async def _read_arriving(
     request: web.Request, declared: int | None, max_bytes: int, timeout: float, budget: BodyBudget
 ) -> bytes:
     """The rest of ``_read_plain``: a body still arriving, within ``timeout``."""
+    read = request.read if declared is None else _collect(request.content, declared)
     if request.content.is_eof():
-        body = await request.read()
+        body = await read()
     else:
         try:
             async with asyncio.timeout(timeout):
-                body = await request.read()
+                body = await read()
         except TimeoutError:
             raise ProtocolError(408, f"request body not received within {timeout:g} s") from None
         except web.HTTPRequestEntityTooLarge:
@@ -188,6 +189,22 @@ async def _read_arriving(
     if declared is None:
         budget.take(request, len(body))
     return body
+
+
+def _collect(content: StreamReader, declared: int) -> Callable[[], Awaitable[bytes]]:
+    """A body of a declared length, read: its pieces as the parser handed them over, joined
+    once. aiohttp's read copies a large body three times (joining what is buffered, into a
+    bytearray, out of it), each copy in fresh memory the kernel must hand over and zero:
+    ~1.5 ms of gateway CPU per MiB, more than the rest of a large append's path."""
+
+    async def read() -> bytes:
+        content.set_read_chunk_size(declared)  # no pauses while it comes in (as read() does)
+        chunks: list[bytes] = []
+        while chunk := (await content.readchunk())[0]:
+            chunks.append(chunk)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    return read
 
 
 def _gone() -> ProtocolError:
