@@ -285,13 +285,16 @@ local function commit(m, tail, sseq, close, tuple, pid, ep, sq)
   if tuple then redis.call('HSET', PROD, pid, ep .. ':' .. sq) end
 end
 
--- A large append is written in steps, each a bounded script (append.lua begins it after
--- its checks, append_part.lua goes on and commits): its entries lie beyond the tail,
--- where no read looks, until the last step moves the tail. META fields while it is
--- under way: pend (the writer's token), pend_at (where its next part goes), pend_to
--- (the tail once committed), pend_until (ms: each step moves it PEND_MS on; a writer
--- silent past it is gone). Meanwhile other appends wait ('busy').
-local PEND_MS = 5000
+-- A large append is written in steps, each bounded (append.lua begins it after its
+-- checks, append_part.lua goes on and commits): its entries lie beyond the tail, where
+-- no read looks, until the last step moves the tail. META fields while it is under way:
+-- pend (the writer's token), pend_at (where its next part goes), pend_to (the tail once
+-- committed), pend_until (ms: each step moves it PEND_MS on; a writer silent past it is
+-- gone). Meanwhile other appends wait ('busy'). On a single Redis the gateway writes the
+-- parts between with plain commands doing what an append_part.lua 'part' step does, in a
+-- MULTI/EXEC under WATCH of META (gateway/redis_io/parts.py): its data never passes
+-- through Lua, which hashes every string argument whole (~1.2 ms per MiB).
+local PEND_MS = 5000  -- gateway/redis_io/parts.py has it too
 local PEND_FIELDS = {'pend', 'pend_at', 'pend_to', 'pend_until'}
 
 -- Drop what an unfinished large append wrote beyond the tail, a bounded amount per call

@@ -20,8 +20,8 @@
 --   gateway/protocol/conditions.py encodes it, see if_match),
 --   8 expected_offset: Stream-Expected-Offset as a position ('' none),
 --   9 token: the token of a large append written in steps ('' none: see PEND_MS in
---   _prelude.lua; this call writes its first part), 10 total: the positions the whole
---   of it takes, 11 entry_count: entry count k, 12.. entries: the k entries (none =
+--   _prelude.lua; this call checks it and marks it under way, and writes its entries, if
+--   any, as its first part), 10 total: the positions the whole of it takes, 11 entry_count: entry count k, 12.. entries: the k entries (none =
 --   close-only), each as two arguments: the positions it takes, its bytes (add_entries
 --   in _prelude.lua; gateway/protocol/entries.py).
 -- A stream with subscribers (its links exist) whose tail moved is put in the
@@ -110,7 +110,7 @@ local function append_stream(i)
 
   local function append_one(ctn, close, sseq, pid, ep, sq, im, eo, token, total, first, last)
     if m.pend then return {'busy', m.pend_until} end  -- behind a large append this call began
-    local has_data = last >= first
+    local has_data = last >= first or token ~= ''  -- a large append begins without its data
     local tuple = nil
     if pid ~= '' then tuple = pid .. '\n' .. ep .. '\n' .. sq end
     if m.closed then

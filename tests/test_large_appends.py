@@ -12,10 +12,11 @@ import uuid
 from collections.abc import AsyncIterator
 
 import orjson
+import redis as sync_redis
 
 from gateway.protocol import offsets
 from gateway.protocol.entries import flatten, pack_bytes
-from gateway.redis_io import keys
+from gateway.redis_io import keys, parts
 from gateway.redis_io.limits import STEP_BYTES
 from gateway.redis_io.scripts import Scripts
 
@@ -140,3 +141,79 @@ async def test_a_step_after_its_deadline_is_refused(redis_url, http, redis) -> N
         last = ["mine", *tail[1:-2], 10, b"w" * 10]
         assert (await scripts.run("append_part", script_keys, last))[0] == b"ok"
         assert await read_all(http, url) == b"ok" + b"z" * 10 + b"w" * 10
+
+
+def test_the_plain_parts_keep_the_scripts_deadline() -> None:
+    from importlib import resources
+
+    prelude = (resources.files("durable_streams_lua") / "_prelude.lua").read_text()
+    assert f"local PEND_MS = {parts.PEND_MS} " in prelude
+
+
+async def test_plain_parts_are_the_scripts_parts(redis_url, http, redis) -> None:
+    """On one Redis a large append's parts are plain XADDs (redis_io/parts.py): stored as
+    append_part.lua stores them, entry for entry, for an idempotent producer too."""
+    async with _stream(redis_url, http, BYTES) as (server, url, sid):
+        before = _plain_parts()
+        big = os.urandom(3 * STEP_BYTES + 5)
+        headers = {**BYTES, "Producer-Id": "big", "Producer-Epoch": "2", "Producer-Seq": "0"}
+        async with http.post(url, data=big, headers=headers) as r:
+            assert r.status == 200, await r.text()
+        assert _plain_parts() - before == 4  # 3 MiB and 5 bytes: four parts, none through Lua
+        assert await read_all(http, url) == big
+        plain = await redis.xrange(keys.stream_keys(sid)[1])
+        # The same parts as the script writes them, on a stream of their own.
+        other = keys.stream_id("script-parts")
+        scripts = Scripts(redis)
+        await redis.hset(keys.stream_keys(other)[0], mapping={"tail": 0, "ctn": "application/octet-stream",
+                                                                   "created": 1, "inc": 1})  # fmt: skip
+        assert (await _begin(scripts, other, b"", len(big), token="t"))[0][0] == b"pending"
+        script_keys = [*keys.stream_keys(other), keys.stream_subs(other), keys.subs_outbox(other, False)]
+        for at in range(0, len(big), STEP_BYTES):
+            part = big[at : at + STEP_BYTES]
+            step = ["t", "part", "0", "", "big", "2", "0", keys.SUBS_WAKE_CHANNEL, len(part), part]
+            assert await scripts.run("append_part", script_keys, step) == [b"more"]
+        scripted = await redis.xrange(keys.stream_keys(other)[1])
+        assert [(i, {k: v for k, v in f.items() if k != b"t"}) for i, f in plain] == [
+            (i, {k: v for k, v in f.items() if k != b"t"}) for i, f in scripted
+        ]
+        assert all(f[b"p"] == b"2 0 big" and f[b"t"].isdigit() for _, f in plain)
+        await redis.delete(*keys.stream_keys(other)[:4])
+
+
+async def test_a_plain_part_is_fenced(redis_url, http, redis) -> None:
+    """A plain part is written only while its append is its writer's and on time, and only
+    if the meta hash did not change between the read and the write (WATCH)."""
+    async with _stream(redis_url, http, BYTES) as (server, url, sid):
+        scripts = Scripts(redis)
+        await _begin(scripts, sid, b"", 100, token="mine")
+        meta, log = keys.stream_keys(sid)[:2]
+        entries = [(10, b"p" * 10)]
+
+        def write(token: str, meddle: bool = False):
+            def commands(values: list, now: int):
+                if meddle:  # another writer, between this one's read and its write
+                    with sync_redis.Redis.from_url(redis_url) as other:
+                        other.hset(meta, "exp_probe", "1")
+                return parts.commands(sid, token, entries, b"", values, now)
+
+            return scripts.write_watched(meta, parts.FIELDS, commands, "test")
+
+        assert await write("other") is None  # not this writer's append
+        assert await write("mine", meddle=True) is None  # the hash changed: nothing written
+        assert await redis.xlen(log) == 0
+        assert await write("mine") is not None
+        assert [e[0] for e in await redis.xrange(log)] == [b"0-1"]
+        assert await redis.hget(meta, "pend_at") == b"10"
+        await redis.hset(meta, "pend_until", 1)  # its time is up: left to the script (rollback)
+        assert await write("mine") is None
+        assert await redis.xlen(log) == 1
+
+
+def _plain_parts() -> float:
+    """Parts written by plain commands so far (the Redis call metrics count them)."""
+    from gateway.streams.appends import PLAIN_PART
+    from gateway.telemetry import metrics
+
+    counts = (s for m in metrics.REDIS_SECONDS.collect() for s in m.samples if s.name.endswith("_count"))
+    return sum(s.value for s in counts if s.labels.get("script") == PLAIN_PART)

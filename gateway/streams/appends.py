@@ -2,14 +2,17 @@
 the appends that arrive while a round trip runs (``concurrency/batching.py``)
 into one append.lua call per batch (per hash slot of it, on Redis Cluster).
 
-An append larger than ``STEP_BYTES`` goes alone, in steps of at most that much
-(append.lua, then append_part.lua): each script stays short however large the body,
-and the last step commits the whole of it at once (see PEND_MS in lua/_prelude.lua).
+An append larger than ``STEP_BYTES`` goes alone, in steps: append.lua checks it and
+marks it under way, its parts of at most that much follow (on one Redis as plain
+commands, redis_io/parts.py; on a cluster as append_part.lua steps), and a last
+append_part.lua step commits the whole of it at once (see PEND_MS in lua/_prelude.lua):
+each step stays short however large the body.
 Appends to a stream meanwhile are answered 'busy' and sent again."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 import zlib
@@ -26,7 +29,7 @@ from ..protocol.entries import LogEntry, flatten, positions, stored_bytes
 from ..protocol.errors import ProtocolError, bad_request
 from ..protocol.headers import Producer
 from ..protocol.models import AppendResult, text
-from ..redis_io import keys
+from ..redis_io import keys, parts
 from ..redis_io.connections import NotSent
 from ..redis_io.contracts import (
     APPEND,
@@ -130,6 +133,8 @@ def encoded(args: list[Any]) -> list[bytes]:
     return out
 
 
+PLAIN_PART = "append_part_plain"  # a part written by plain commands, in the Redis call metrics
+_MORE = [b"more"]  # append_part.lua's reply to a part that is not the last
 Queued = tuple[str, AppendRequest, list[bytes]]  # stream id, the append, its encoded arguments
 _KEYS_KEPT = 4096  # streams whose append.lua keys are remembered (then forgotten all at once)
 
@@ -208,11 +213,12 @@ class Appends:
 
     async def _append_in_steps(self, sid: str, request: AppendRequest) -> Any:
         """A large append, alone, in steps of at most STEP_BYTES: append.lua checks it and
-        writes the first, append_part.lua the others, the last one commits. A step that
-        fails before the last leaves nothing committed (its leftovers are dropped, now or
-        by the next append once PEND_MS passed): 503, nothing stored."""
-        parts = _steps(request.entries, STEP_BYTES)
-        first = replace(request, entries=parts[0], token=uuid.uuid4().hex, total=positions(request.entries))
+        marks it under way, its parts follow (``_write_part``), append_part.lua's last step
+        commits them. A step that fails before the last leaves nothing committed (its
+        leftovers are dropped, now or by the next append once PEND_MS passed): 503, nothing
+        stored."""
+        token = uuid.uuid4().hex
+        first = replace(request, entries=[], token=token, total=positions(request.entries))
         args = encoded(first.script_args())
         call = self._call([(sid, first, args)], [0])
         result = await _waiting_out_busy(lambda: self._run_alone(call))
@@ -220,7 +226,7 @@ class Appends:
             return result  # refused by its checks, a producer's duplicate, ...
         p = request.producer
         head = AppendPartArgv(
-            first.token,
+            token,
             "part",
             "1" if request.close else "0",
             request.stream_seq,
@@ -234,26 +240,51 @@ class Appends:
             keys.stream_subs(sid),
             keys.subs_outbox(sid, self.scripts.cluster),
         ]
-        for n, part in enumerate(parts[1:], 2):
-            head = head._replace(step="last" if n == len(parts) else "part")
+        for part in _steps(request.entries, STEP_BYTES):
             try:
-                result = await self.scripts.run(
-                    APPEND_PART.name, script_keys, encoded([*head, *flatten(part)])
-                )
+                result = await self._write_part(sid, script_keys, head, part)
             except UNAVAILABLE as exc:
-                if head.step == "last":
-                    raise outcome_unknown() from exc
                 await self._abort(script_keys, head)
                 raise NotSent("storage was lost while a large append was written: not stored") from exc
-            if status_of(result) == "lost":  # paused past PEND_MS: rolled back
-                raise NotSent("a large append was not finished in time: not stored")
             if status_of(result) != "more":
                 break
+        if status_of(result) == "more":
+            try:
+                last = encoded([*head._replace(step="last")])
+                result = await self.scripts.run(APPEND_PART.name, script_keys, last)
+            except UNAVAILABLE as exc:
+                raise outcome_unknown() from exc
+        if status_of(result) == "lost":  # paused past PEND_MS: rolled back
+            raise NotSent("a large append was not finished in time: not stored")
         if status_of(result) == "ok":
             self.hints.mark(sid)
             metrics.APPENDS.inc()
             metrics.APPENDED_BYTES.inc(first.total)
         return result
+
+    async def _write_part(
+        self, sid: str, script_keys: list[str], head: AppendPartArgv, part: list[LogEntry]
+    ) -> Any:
+        """One part, beyond the tail: on one Redis as plain commands (redis_io/parts.py: its
+        data never passes through Lua), else, or when those leave it to the script (the
+        append's time is up, ...), as an append_part.lua step. Its reply, as the script's."""
+        if not self.scripts.cluster:
+            h = head
+            tuple_ = f"{h.producer_epoch} {h.producer_seq} {h.producer_id}" if h.producer_id else ""
+            try:
+                written = await self.scripts.write_watched(
+                    script_keys[0],
+                    parts.FIELDS,
+                    lambda values, now: parts.commands(sid, head.token, part, tuple_.encode(), values, now),
+                    PLAIN_PART,
+                )
+            except redis.exceptions.ResponseError as exc:  # refused, or half written: undone
+                with contextlib.suppress(redis.exceptions.RedisError):  # (else PEND_MS undoes it)
+                    await self._abort(script_keys, head)
+                raise NotSent(f"a large append's part was refused ({exc}): not stored") from exc
+            if written is not None:
+                return _MORE
+        return await self.scripts.run(APPEND_PART.name, script_keys, encoded([*head, *flatten(part)]))
 
     async def _run_alone(self, call: tuple[list[str], list[Any], list[int]]) -> Any:
         """append.lua for one append (its failures as _waiting_out_busy tells them)."""

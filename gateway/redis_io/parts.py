@@ -1,0 +1,45 @@
+"""A large append's parts as plain commands (one Redis only): what an append_part.lua
+'part' step does, written in one MULTI/EXEC under WATCH of the stream's meta hash
+(``Scripts.write_watched``), so its data never passes through Lua, which hashes every
+string argument whole: ~1.2 ms of Redis per MiB, as much as the rest of writing it.
+
+WATCH gives the same fencing as the script: the part is written only if the meta hash
+is unchanged since its fields were read, so a writer gone past PEND_MS, whose append
+another one rolled back meanwhile, writes nothing. Anything unusual (the stream gone or
+expired, the append no longer this writer's, its time up) is left to the script, which
+knows what to do about it: ``commands`` returns None.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..protocol.entries import LogEntry
+from ..protocol.models import text
+from . import keys
+
+PEND_MS = 5000  # lua/_prelude.lua's (tests/test_large_appends.py checks they agree)
+# The meta fields a part is written from, in this order.
+FIELDS = ("pend", "pend_at", "pend_until", "deleted", "exp")
+
+
+def commands(
+    sid: str, token: str, entries: list[LogEntry], producer: bytes, values: list[Any], now_ms: int
+) -> list[tuple[Any, ...]] | None:
+    """The part's XADDs (at the append's next positions, as add_entries in _prelude.lua
+    writes them: data, time, producer "<epoch> <seq> <id>" or '') and the move of
+    pend_at and pend_until; None when the script should take this part instead."""
+    pend, pend_at, pend_until, deleted, exp = (None if v is None else text(v) for v in values)
+    if pend != token or pend_at is None or pend_until is None or deleted is not None:
+        return None
+    if now_ms >= int(pend_until) or (exp is not None and now_ms >= int(exp)):
+        return None  # time is up: the script rolls it back (or drops the stream) and says 'lost'
+    meta, log = keys.stream_keys(sid)[:2]
+    now, at = b"%d" % now_ms, int(pend_at)
+    out: list[tuple[Any, ...]] = []
+    for size, data in entries:
+        fields = (b"d", data, b"t", now, b"p", producer) if producer else (b"d", data, b"t", now)
+        out.append((b"XADD", log, b"%d-1" % at, *fields))
+        at += size
+    out.append((b"HSET", meta, b"pend_at", b"%d" % at, b"pend_until", b"%d" % (now_ms + PEND_MS)))
+    return out
