@@ -204,7 +204,8 @@ class Connection(RequestHandler):
                     self._body_timer = self._loop.call_later(BODY_WAIT_SECONDS, self._give_up_waiting)
                 return
             reserved = self._stop_waiting()
-            body = bytes(self._pending[head.size : size])
+            with memoryview(self._pending) as pending:  # one copy (a bytearray slice is one more)
+                body = bytes(pending[head.size : size])
             del self._pending[:size]
             self._answer(gw, head, body, reserved)
 
@@ -213,7 +214,8 @@ class Connection(RequestHandler):
         if self._stop_waiting():
             self._release()
         n = min(size, len(self._pending))
-        chunk = bytes(self._pending[:n])
+        with memoryview(self._pending) as pending:
+            chunk = bytes(pending[:n])
         del self._pending[:n]
         self._forward_left = size - n
         super().data_received(chunk)

@@ -1,5 +1,7 @@
-"""The gateway keeps freed memory for the next body (gateway/cli/allocator.py): a request's
-buffers of a MiB or more come from memory already mapped, not page by page from the kernel."""
+"""A gateway process's memory: freed memory kept for the next body (gateway/cli/allocator.py:
+a request's buffers of a MiB or more come from memory already mapped, not page by page from
+the kernel), and what it holds once started kept out of the cycle collector's way
+(gc.freeze in http/lifecycle.py)."""
 
 from __future__ import annotations
 
@@ -50,3 +52,32 @@ def test_the_operators_own_settings_win() -> None:
     tuned, _ = probe("tune", MALLOC_TRIM_THRESHOLD_="131072")
     assert not tuned
     assert allocator.MMAP_THRESHOLD_BYTES >= 16 << 20  # covers a large append's step and its command
+
+
+# A gateway's start as `serve` makes it (the process's own server), in a process of its own.
+STARTED = """
+import asyncio, gc, sys
+from aiohttp import web
+from gateway.config import Settings
+from gateway.http.app import create_app
+
+async def main():
+    before = gc.get_freeze_count()
+    app = create_app(Settings(), sys.argv[1], drain_on_sigterm=True)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    try:
+        print(before, gc.get_freeze_count())
+    finally:
+        await runner.cleanup()
+
+asyncio.run(main())
+"""
+
+
+def test_what_a_started_gateway_holds_is_frozen(redis_url) -> None:
+    command = [sys.executable, "-c", STARTED, redis_url]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    before, after = map(int, done.stdout.split())
+    assert before == 0 and after > 50_000, (before, after)  # the modules, the app and its clients
