@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway import __version__
 from gateway.archive.files import Archive
 from gateway.redis_io import keys
+from gateway.telemetry import metrics
 from workers.archiver import Archiver, Policy
 
 from .conftest import free_port, wait_ready
@@ -203,3 +204,17 @@ def test_gunicorn_workers_report_process_metrics_and_one_build(tmp_path, redis_u
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(40)
+
+
+def test_a_worker_file_not_sized_yet_does_not_fail_the_scrape(tmp_path, monkeypatch) -> None:
+    """A worker creates its metrics file, then sizes it: a scrape in between (or after a
+    worker killed in between, for good) used to fail whole (prometheus/client_python#1199)."""
+    from prometheus_client.mmap_dict import MmapedDict, mmap_key
+
+    live = MmapedDict(str(tmp_path / "counter_101.db"))
+    live.write_value(mmap_key("ds_test", "ds_test_total", [], [], "help"), 3.0, 0.0)
+    live.close()
+    (tmp_path / "counter_102.db").touch()  # a worker that never got further
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    body, _ = metrics.render()
+    assert b"ds_test_total 3.0" in body

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import glob
 import os
 import platform
 import re
@@ -388,6 +389,27 @@ observe_fast_request = _requests.observe_fast  # the same, answered by http/fast
 flush_requests = _requests.flush
 
 
+class _WorkerFiles(multiprocess.MultiProcessCollector):
+    """prometheus_client's collector of the workers' metric files, skipping a file still
+    empty: a worker creates its file, then sizes it, and a scrape between the two (a worker
+    starting) failed whole with a 500; one killed between the two would have failed every
+    scrape after it (prometheus/client_python#1199). Such a file holds nothing yet."""
+
+    def __init__(self, registry: CollectorRegistry, folder: str) -> None:
+        super().__init__(registry, folder)
+        self.folder = folder
+
+    def collect(self) -> Iterable[Metric]:
+        files = []
+        for path in glob.glob(os.path.join(self.folder, "*.db")):
+            try:
+                if os.path.getsize(path) > 0:
+                    files.append(path)
+            except OSError:  # gone meanwhile (a dead worker's, cleaned up)
+                continue
+        return self.merge(files, accumulate=True)
+
+
 def render() -> tuple[bytes, str]:
     """The exposition text of this process, or of all processes in multiprocess mode."""
     global _worker_processes
@@ -395,7 +417,7 @@ def render() -> tuple[bytes, str]:
     folder = os.environ.get(MULTIPROC_ENV)
     if folder:
         registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry)
+        _WorkerFiles(registry, folder)
         if _worker_processes is None or _worker_processes.folder != folder:
             _worker_processes = WorkerProcesses(folder)
         registry.register(_worker_processes)
