@@ -292,7 +292,7 @@ end
 -- committed), pend_until (ms: each step moves it PEND_MS on; a writer silent past it is
 -- gone). Meanwhile other appends wait ('busy'). On a single Redis the gateway writes the
 -- parts between with plain commands doing what an append_part.lua 'part' step does, in a
--- MULTI/EXEC under WATCH of META (gateway/redis_io/parts.py): its data never passes
+-- MULTI/EXEC under WATCH of META and LOG (gateway/redis_io/parts.py): its data never passes
 -- through Lua, which hashes every string argument whole (~1.2 ms per MiB).
 local PEND_MS = 5000  -- gateway/redis_io/parts.py has it too
 local PEND_FIELDS = {'pend', 'pend_at', 'pend_to', 'pend_until'}

@@ -10,7 +10,8 @@
 --   workers, 9.. entries: entries (pairs: the positions each takes, its bytes; as
 --   append.lua's).
 -- Returns {'ok', tail, closed, created} (committed) | {'more'} | {'lost'} (this append
---   is no longer under way: rolled back after PEND_MS of silence, or aborted)
+--   is no longer under way: rolled back after PEND_MS of silence, or aborted, or its
+--   parts at the last step do not end at pend_to)
 --   | {'missing'} | {'gone'}
 WAKE = ARGV[8]
 local token, step, close, sseq, pid, ep, sq = ARGV[1], ARGV[2], ARGV[3] == '1', ARGV[4], ARGV[5], ARGV[6], ARGV[7]
@@ -23,13 +24,18 @@ return with_stream(now, function(m)
   end
   local tuple = nil
   if pid ~= '' then tuple = pid .. '\n' .. ep .. '\n' .. sq end
+  local old_tail = m.tail
   m.tail = m.pend_at  -- add_entries writes at the tail: this append's next position
   local at = add_entries(m, 9, #ARGV, now, tuple and (ep .. ' ' .. sq .. ' ' .. pid))
   if step ~= 'last' then
     redis.call('HSET', META, 'pend_at', fmt(at), 'pend_until', fmt(now + PEND_MS))
     return {'more'}
   end
-  local old_tail = redis.call('HGET', META, 'tail')
+  if at ~= tonumber(m.pend_to) then  -- a part missing (lost to a failover, ...): not this append
+    m.tail = old_tail  -- (what roll_back drops is what lies beyond it)
+    roll_back(m)
+    return {'lost'}
+  end
   redis.call('HDEL', META, unpack(PEND_FIELDS))
   commit(m, at, sseq, close, tuple, pid, ep, sq)
   touch(m, now, 0)

@@ -12,7 +12,9 @@ import uuid
 from collections.abc import AsyncIterator
 
 import orjson
+import pytest
 import redis as sync_redis
+import redis.asyncio as aioredis
 
 from gateway.protocol import offsets
 from gateway.protocol.entries import flatten, pack_bytes
@@ -183,31 +185,68 @@ async def test_plain_parts_are_the_scripts_parts(redis_url, http, redis) -> None
 
 async def test_a_plain_part_is_fenced(redis_url, http, redis) -> None:
     """A plain part is written only while its append is its writer's and on time, and only
-    if the meta hash did not change between the read and the write (WATCH)."""
+    if neither the meta hash nor the log changed between the read and the write (WATCH)."""
     async with _stream(redis_url, http, BYTES) as (server, url, sid):
         scripts = Scripts(redis)
         await _begin(scripts, sid, b"", 100, token="mine")
         meta, log = keys.stream_keys(sid)[:2]
         entries = [(10, b"p" * 10)]
 
-        def write(token: str, meddle: bool = False):
+        def write(token: str, meddle: tuple | None = None):
             def commands(values: list, now: int):
-                if meddle:  # another writer, between this one's read and its write
+                if meddle:  # another client, between this one's read and its write
                     with sync_redis.Redis.from_url(redis_url) as other:
-                        other.hset(meta, "exp_probe", "1")
+                        other.execute_command(*meddle)
                 return parts.commands(sid, token, entries, b"", values, now)
 
-            return scripts.write_watched(meta, parts.FIELDS, commands, "test")
+            return scripts.write_watched([meta, log], parts.FIELDS, commands, "test")
 
         assert await write("other") is None  # not this writer's append
-        assert await write("mine", meddle=True) is None  # the hash changed: nothing written
+        assert await write("mine", ("HSET", meta, "probe", "1")) is None  # the hash changed: nothing written
         assert await redis.xlen(log) == 0
         assert await write("mine") is not None
         assert [e[0] for e in await redis.xrange(log)] == [b"0-1"]
         assert await redis.hget(meta, "pend_at") == b"10"
+        # Another append rolling this one back deletes from the log first (roll_back in
+        # _prelude.lua), the meta hash last: the log changed, nothing written.
+        assert await write("mine", ("XDEL", log, "0-1")) is None
+        assert await redis.xlen(log) == 0 and await redis.hget(meta, "pend_at") == b"10"
         await redis.hset(meta, "pend_until", 1)  # its time is up: left to the script (rollback)
         assert await write("mine") is None
-        assert await redis.xlen(log) == 1
+        assert await redis.xlen(log) == 0
+
+
+async def test_a_plain_part_whose_answer_is_lost_is_not_taken_for_a_change(redis_url, http) -> None:
+    """Redis answering too late (or the connection lost) while a part is written: the part's
+    outcome is unknown, which the writer must hear as such (it then drops the append: 503),
+    not as "the meta hash changed", after which it would write the part a second time."""
+    async with _stream(redis_url, http, BYTES) as (server, url, sid):
+        impatient = aioredis.Redis.from_url(redis_url, socket_timeout=0.3)
+        scripts = Scripts(impatient)
+        await _begin(scripts, sid, b"", 100, token="mine")
+        meta, log = keys.stream_keys(sid)[:2]
+
+        def commands(values: list, now: int):
+            with sync_redis.Redis.from_url(redis_url) as other:
+                other.execute_command("CLIENT", "PAUSE", "600", "WRITE")  # the write waits
+            return parts.commands(sid, "mine", [(10, b"p" * 10)], b"", values, now)
+
+        with pytest.raises(sync_redis.exceptions.TimeoutError):
+            await scripts.write_watched([meta, log], parts.FIELDS, commands, "test")
+        await asyncio.sleep(0.5)
+        await impatient.aclose()
+
+
+async def test_the_last_step_refuses_a_part_missing(redis_url, http, redis) -> None:
+    async with _stream(redis_url, http, BYTES, b"ok") as (server, url, sid):
+        scripts = Scripts(redis)
+        await _begin(scripts, sid, b"x" * 10, 30, token="t")  # 30 announced, 10 written
+        script_keys = [*keys.stream_keys(sid), keys.stream_subs(sid), keys.subs_outbox(sid, False)]
+        last = ["t", "last", "0", "", "", "", "", keys.SUBS_WAKE_CHANNEL]
+        assert await scripts.run("append_part", script_keys, last) == [b"lost"]
+        assert await read_all(http, url) == b"ok"
+        async with http.post(url, data=b"!", headers=BYTES) as r:  # nothing waits behind it
+            assert r.status == 204 and r.headers["Stream-Next-Offset"] == offsets.encode(3)
 
 
 def _plain_parts() -> float:

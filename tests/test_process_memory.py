@@ -51,6 +51,8 @@ def test_large_buffers_are_reused_not_faulted_in_again() -> None:
 def test_the_operators_own_settings_win() -> None:
     tuned, _ = probe("tune", MALLOC_TRIM_THRESHOLD_="131072")
     assert not tuned
+    assert allocator.operator_set({"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=131072"})
+    assert not allocator.operator_set({"GLIBC_TUNABLES": "glibc.pthread.rseq=0"})
     assert allocator.MMAP_THRESHOLD_BYTES >= 16 << 20  # covers a large append's step and its command
 
 

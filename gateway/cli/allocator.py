@@ -11,12 +11,12 @@ costs the gateway: measured, 1 MiB appends took 4.2-4.4 ms of gateway CPU per Mi
 30 MB more RSS held after a burst (docs/operations.md, "Memory").
 
 Not done when the operator set glibc's own variables (MALLOC_MMAP_THRESHOLD_,
-MALLOC_TRIM_THRESHOLD_: they win), nor on another C library (nothing to tune).
+MALLOC_TRIM_THRESHOLD_, or those tunables in GLIBC_TUNABLES: they win), nor on another C
+library (nothing to tune; a preloaded jemalloc or tcmalloc takes no notice either).
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 
 M_TRIM_THRESHOLD = -1  # glibc's malloc.h
@@ -24,16 +24,28 @@ M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD_BYTES = 32 << 20  # blocks below this come from the heap, and are reused
 TRIM_THRESHOLD_BYTES = 64 << 20  # free memory kept at the top of the heap
 _THRESHOLDS = ((M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES), (M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES))
-_OPERATOR_SET = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
+
+
+def operator_set(environ: os._Environ[str] | dict[str, str] = os.environ) -> bool:
+    """Whether the operator tuned these thresholds: glibc's variables, or its tunables."""
+    tunables = environ.get("GLIBC_TUNABLES", "")
+    return (
+        "MALLOC_MMAP_THRESHOLD_" in environ
+        or "MALLOC_TRIM_THRESHOLD_" in environ
+        or "malloc.mmap_threshold" in tunables
+        or "malloc.trim_threshold" in tunables
+    )
 
 
 def keep_freed_memory() -> bool:
     """Set the thresholds above; whether they were set."""
-    if any(name in os.environ for name in _OPERATOR_SET):
+    if operator_set():
         return False
     try:
+        import ctypes  # (a Python built without it: nothing to tune)
+
         libc = ctypes.CDLL(None)
-    except OSError:
+    except (ImportError, OSError, TypeError):  # TypeError: Windows takes no None
         return False
     if not hasattr(libc, "gnu_get_libc_version") or not hasattr(libc, "mallopt"):
         return False  # not glibc (musl's mallopt does nothing)

@@ -6,7 +6,7 @@ must visit on each (``every_node``)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, TypeAlias
 
 import hiredis
@@ -17,7 +17,7 @@ from redis.asyncio.connection import AbstractConnection
 from redis.commands.core import AsyncScript
 from redis.connection import HiredisRespSerializer
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 _PACKER = HiredisRespSerializer()
@@ -132,6 +132,72 @@ async def _evalsha(redis: aioredis.Redis, sha: str, keys: Sequence[Any], args: S
         await connection.disconnect()
         raise
     finally:
+        await pool.release(connection)
+
+
+class PlainRefused(ResponseError):
+    """Redis (or a proxy before it, or the ACL) refused WATCH, HMGET or TIME: plain
+    transactions are not to be had here. Nothing was written."""
+
+
+# What watched_write writes: commands from a hash's fields and Redis's clock (ms), or None.
+WatchedWrite = Callable[[list[Any], int], Sequence[Sequence[Any]] | None]
+
+
+async def watched_write(
+    redis: aioredis.Redis, watch: Sequence[str], fields: Sequence[str], commands: WatchedWrite
+) -> list[Any] | None:
+    """Plain commands made by ``commands`` from the fields of the hash ``watch[0]`` and
+    Redis's clock (ms), run in one MULTI/EXEC only if no key of ``watch`` changed since they
+    were read (WATCH): their replies, or None when nothing was written (``commands``
+    declined, or a key changed). Two round trips on one pooled connection, as run_script
+    sends a script (redis-py's pipeline turns a lost connection while watching into a
+    WatchError, which would read as "a key changed" though EXEC may have run).
+
+    Raises ``PlainRefused`` when WATCH, HMGET or TIME is refused (nothing written); the
+    error of a command refused in the transaction (EXECABORT: nothing written; one failing
+    inside it: the others ran, the caller undoes them); a connection error when Redis is
+    lost (``NotSent`` before anything was sent), the transaction's outcome then unknown."""
+    pool = redis.connection_pool
+    connection = await pool.get_connection()
+    clean = False  # the connection holds no WATCH, MULTI or unread reply: reusable
+    try:
+        head = [("WATCH", *watch), ("HMGET", watch[0], *fields), ("TIME",)]
+        await connection.send_packed_command(connection.pack_commands(head))
+        try:
+            await connection.read_response()
+            values = await connection.read_response()
+            seconds, micros = await connection.read_response()
+        except ResponseError as exc:
+            raise PlainRefused(str(exc)) from None
+        todo = commands(values, int(seconds) * 1000 + int(micros) // 1000)
+        if todo is None:
+            await connection.send_packed_command(connection.pack_command("UNWATCH"))
+            await connection.read_response()
+            clean = True
+            return None
+        await connection.send_packed_command(connection.pack_commands([("MULTI",), *todo, ("EXEC",)]))
+        queued: ResponseError | None = None
+        for _ in range(len(todo) + 1):  # MULTI's OK, then QUEUED or the refusal of each
+            try:
+                await connection.read_response()
+            except ResponseError as exc:
+                queued = queued or exc
+        try:
+            replies = await connection.read_response()  # EXEC: its replies, or nil (a key changed)
+        except ResponseError as exc:  # EXECABORT: a command was refused as it was queued
+            clean = True
+            raise queued or exc from None
+        clean = True
+        if replies is None:
+            return None
+        failed = next((r for r in replies if isinstance(r, ResponseError)), None)
+        if failed is not None:
+            raise failed
+        return list(replies)
+    finally:
+        if not clean:  # a WATCH, a MULTI or replies may be left on it: never reuse it
+            await connection.disconnect()
         await pool.release(connection)
 
 

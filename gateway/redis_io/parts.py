@@ -1,13 +1,16 @@
 """A large append's parts as plain commands (one Redis only): what an append_part.lua
 'part' step does, written in one MULTI/EXEC under WATCH of the stream's meta hash
-(``Scripts.write_watched``), so its data never passes through Lua, which hashes every
+(``connections.watched_write``), so its data never passes through Lua, which hashes every
 string argument whole: ~1.2 ms of Redis per MiB, as much as the rest of writing it.
 
-WATCH gives the same fencing as the script: the part is written only if the meta hash
-is unchanged since its fields were read, so a writer gone past PEND_MS, whose append
-another one rolled back meanwhile, writes nothing. Anything unusual (the stream gone or
-expired, the append no longer this writer's, its time up) is left to the script, which
-knows what to do about it: ``commands`` returns None.
+WATCH gives the same fencing as the script: the part is written only if neither the meta
+hash nor the log changed since the fields were read, so a writer gone past PEND_MS, whose
+append another one is rolling back (XDELs in the log, then the meta hash), writes nothing;
+and the last step commits only if the parts end where the append said they would
+(append_part.lua checks pend_to), so a part lost to a failover fails the append.
+Anything unusual (the stream gone or expired, the append no longer this writer's, its
+time up) is left to the script, which knows what to do about it: ``commands`` returns
+None.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ def commands(
     out: list[tuple[Any, ...]] = []
     for size, data in entries:
         fields = (b"d", data, b"t", now, b"p", producer) if producer else (b"d", data, b"t", now)
-        out.append((b"XADD", log, b"%d-1" % at, *fields))
+        out.append(("XADD", log, b"%d-1" % at, *fields))
         at += size
-    out.append((b"HSET", meta, b"pend_at", b"%d" % at, b"pend_until", b"%d" % (now_ms + PEND_MS)))
+    out.append(("HSET", meta, b"pend_at", b"%d" % at, b"pend_until", b"%d" % (now_ms + PEND_MS)))
     return out

@@ -22,13 +22,13 @@ from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.client import Pipeline
 from redis.commands.core import AsyncScript
 from redis.crc import key_slot
-from redis.exceptions import NoScriptError, RedisError, WatchError
+from redis.exceptions import NoScriptError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..protocol.models import text
 from ..telemetry import metrics
 from . import connections, keys
-from .connections import NotSent, connect, every_node
+from .connections import NotSent, WatchedWrite, connect, every_node
 from .lua import source
 from .routing import ClusterRoute, DirectRoute, Queue, Route, did_not_run
 
@@ -94,10 +94,6 @@ WRITES = frozenset(NAMES) - {
     "stream_subs",
     "sub_get",
 }
-
-
-# What write_watched writes: commands from a hash's fields and Redis's clock (ms), or None.
-WatchedWrite = Callable[[list[Any], int], Sequence[Sequence[Any]] | None]
 
 
 async def timed(name: str, call: Awaitable[Any]) -> Any:
@@ -300,37 +296,11 @@ class Scripts:
         return reply
 
     async def write_watched(
-        self,
-        key: str,
-        fields: Sequence[str],
-        commands: WatchedWrite,
-        name: str,
+        self, watch: Sequence[str], fields: Sequence[str], commands: WatchedWrite, name: str
     ) -> list[Any] | None:
-        """Plain commands made from a hash's ``fields`` as they stand and Redis's clock (ms)
-        by ``commands`` (None: write nothing), run in one MULTI/EXEC only if the hash did not
-        change meanwhile (WATCH). Their replies, or None when nothing was written (declined,
-        or the hash changed). One Redis only (not a cluster). Timed as ``name``; a command
-        that fails inside the transaction raises (the others ran: the caller undoes them)."""
-        return await timed(name, self._write_watched(key, fields, commands))
-
-    async def _write_watched(
-        self, key: str, fields: Sequence[str], commands: WatchedWrite
-    ) -> list[Any] | None:
+        """``connections.watched_write`` (one Redis only, not a cluster), timed as ``name``."""
         redis = cast(Redis, self._redis)
-        async with redis.pipeline(transaction=True) as pipe:
-            await pipe.watch(key)
-            values = await pipe.hmget(key, list(fields))
-            seconds, micros = await pipe.time()
-            todo = commands(values, seconds * 1000 + micros // 1000)
-            if todo is None:
-                return None
-            pipe.multi()
-            for command in todo:
-                pipe.execute_command(*command)
-            try:
-                replies: list[Any] = await pipe.execute()
-            except WatchError:
-                return None
+        replies = await timed(name, connections.watched_write(redis, watch, fields, commands))
         self._answered()
         return replies
 

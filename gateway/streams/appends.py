@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 import uuid
 import zlib
@@ -30,7 +31,7 @@ from ..protocol.errors import ProtocolError, bad_request
 from ..protocol.headers import Producer
 from ..protocol.models import AppendResult, text
 from ..redis_io import keys, parts
-from ..redis_io.connections import NotSent
+from ..redis_io.connections import NotSent, PlainRefused
 from ..redis_io.contracts import (
     APPEND,
     APPEND_PART,
@@ -133,6 +134,7 @@ def encoded(args: list[Any]) -> list[bytes]:
     return out
 
 
+log = logging.getLogger(__name__)
 PLAIN_PART = "append_part_plain"  # a part written by plain commands, in the Redis call metrics
 _MORE = [b"more"]  # append_part.lua's reply to a part that is not the last
 Queued = tuple[str, AppendRequest, list[bytes]]  # stream id, the append, its encoded arguments
@@ -145,6 +147,7 @@ class Appends:
         self.hints = hints
         self.notice_payload_bytes = notice_payload_bytes
         self._lanes = CLUSTER_APPEND_LANES if scripts.cluster else APPEND_LANES
+        self._plain_parts = not scripts.cluster  # a large append's parts as plain commands
         # A stream's keys for append.lua, made once rather than six f-strings per append.
         self._keys: dict[str, list[str]] = {}
         self._batcher: Batcher[Queued, Any] = Batcher(
@@ -268,20 +271,24 @@ class Appends:
         """One part, beyond the tail: on one Redis as plain commands (redis_io/parts.py: its
         data never passes through Lua), else, or when those leave it to the script (the
         append's time is up, ...), as an append_part.lua step. Its reply, as the script's."""
-        if not self.scripts.cluster:
+        if self._plain_parts:
             h = head
             tuple_ = f"{h.producer_epoch} {h.producer_seq} {h.producer_id}" if h.producer_id else ""
             try:
                 written = await self.scripts.write_watched(
-                    script_keys[0],
+                    script_keys[:2],  # the meta hash and the log: a rollback changes one or the other
                     parts.FIELDS,
                     lambda values, now: parts.commands(sid, head.token, part, tuple_.encode(), values, now),
                     PLAIN_PART,
                 )
+            except PlainRefused as exc:  # a proxy or an ACL without WATCH/TIME: scripts from now on
+                log.warning("large appends' parts go through append_part.lua: %s", exc)
+                self._plain_parts = False
+                written = None
             except redis.exceptions.ResponseError as exc:  # refused, or half written: undone
                 with contextlib.suppress(redis.exceptions.RedisError):  # (else PEND_MS undoes it)
                     await self._abort(script_keys, head)
-                raise NotSent(f"a large append's part was refused ({exc}): not stored") from exc
+                raise redis.exceptions.ResponseError(_reason(exc)) from None  # (not the part's bytes)
             if written is not None:
                 return _MORE
         return await self.scripts.run(APPEND_PART.name, script_keys, encoded([*head, *flatten(part)]))
@@ -358,6 +365,11 @@ class Appends:
                 self._keys.clear()
             found = self._keys[sid] = [*keys.stream_keys(sid), keys.stream_subs(sid)]
         return found
+
+
+def _reason(exc: redis.exceptions.ResponseError) -> str:
+    """Redis's own words of a refusal, without the command redis-py may quote with them."""
+    return str(exc).rsplit(" caused error: ", 1)[-1][:200]
 
 
 def _steps(entries: list[LogEntry], limit: int) -> list[list[LogEntry]]:
