@@ -197,7 +197,7 @@ async def test_a_plain_part_is_fenced(redis_url, http, redis) -> None:
                 if meddle:  # another client, between this one's read and its write
                     with sync_redis.Redis.from_url(redis_url) as other:
                         other.execute_command(*meddle)
-                return parts.commands(sid, token, entries, b"", values, now)
+                return parts.commands(meta, log, token, entries, b"", values, now)
 
             return scripts.write_watched([meta, log], parts.FIELDS, commands, "test")
 
@@ -229,7 +229,7 @@ async def test_a_plain_part_whose_answer_is_lost_is_not_taken_for_a_change(redis
         def commands(values: list, now: int):
             with sync_redis.Redis.from_url(redis_url) as other:
                 other.execute_command("CLIENT", "PAUSE", "600", "WRITE")  # the write waits
-            return parts.commands(sid, "mine", [(10, b"p" * 10)], b"", values, now)
+            return parts.commands(meta, log, "mine", [(10, b"p" * 10)], b"", values, now)
 
         with pytest.raises(sync_redis.exceptions.TimeoutError):
             await scripts.write_watched([meta, log], parts.FIELDS, commands, "test")

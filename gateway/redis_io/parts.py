@@ -19,7 +19,6 @@ from typing import Any
 
 from ..protocol.entries import LogEntry
 from ..protocol.models import text
-from . import keys
 
 PEND_MS = 5000  # lua/_prelude.lua's (tests/test_large_appends.py checks they agree)
 # The meta fields a part is written from, in this order.
@@ -27,17 +26,17 @@ FIELDS = ("pend", "pend_at", "pend_until", "deleted", "exp")
 
 
 def commands(
-    sid: str, token: str, entries: list[LogEntry], producer: bytes, values: list[Any], now_ms: int
+    meta: str, log: str, token: str, entries: list[LogEntry], producer: bytes, values: list[Any], now_ms: int
 ) -> list[tuple[Any, ...]] | None:
-    """The part's XADDs (at the append's next positions, as add_entries in _prelude.lua
-    writes them: data, time, producer "<epoch> <seq> <id>" or '') and the move of
-    pend_at and pend_until; None when the script should take this part instead."""
+    """The part's XADDs to ``log`` (at the append's next positions, as add_entries in
+    _prelude.lua writes them: data, time, producer "<epoch> <seq> <id>" or '') and the move
+    of pend_at and pend_until in ``meta`` (whose FIELDS ``values`` are); None when the
+    script should take this part instead."""
     pend, pend_at, pend_until, deleted, exp = (None if v is None else text(v) for v in values)
     if pend != token or pend_at is None or pend_until is None or deleted is not None:
         return None
     if now_ms >= int(pend_until) or (exp is not None and now_ms >= int(exp)):
         return None  # time is up: the script rolls it back (or drops the stream) and says 'lost'
-    meta, log = keys.stream_keys(sid)[:2]
     now, at = b"%d" % now_ms, int(pend_at)
     out: list[tuple[Any, ...]] = []
     for size, data in entries:

@@ -243,9 +243,10 @@ class Appends:
             keys.stream_subs(sid),
             keys.subs_outbox(sid, self.scripts.cluster),
         ]
+        producer = f"{p.epoch} {p.seq} {p.id}".encode() if p else b""  # as add_entries stores it
         for part in _steps(request.entries, STEP_BYTES):
             try:
-                result = await self._write_part(sid, script_keys, head, part)
+                result = await self._write_part(script_keys, head, producer, part)
             except UNAVAILABLE as exc:
                 await self._abort(script_keys, head)
                 raise NotSent("storage was lost while a large append was written: not stored") from exc
@@ -266,20 +267,20 @@ class Appends:
         return result
 
     async def _write_part(
-        self, sid: str, script_keys: list[str], head: AppendPartArgv, part: list[LogEntry]
+        self, script_keys: list[str], head: AppendPartArgv, producer: bytes, part: list[LogEntry]
     ) -> Any:
         """One part, beyond the tail: on one Redis as plain commands (redis_io/parts.py: its
         data never passes through Lua), else, or when those leave it to the script (the
         append's time is up, ...), as an append_part.lua step. Its reply, as the script's."""
         if self._plain_parts:
-            h = head
-            tuple_ = f"{h.producer_epoch} {h.producer_seq} {h.producer_id}" if h.producer_id else ""
+            meta, log_key = script_keys[:2]  # a rollback changes one or the other: both watched
+
+            def commands(values: list[Any], now: int) -> list[tuple[Any, ...]] | None:
+                return parts.commands(meta, log_key, head.token, part, producer, values, now)
+
             try:
                 written = await self.scripts.write_watched(
-                    script_keys[:2],  # the meta hash and the log: a rollback changes one or the other
-                    parts.FIELDS,
-                    lambda values, now: parts.commands(sid, head.token, part, tuple_.encode(), values, now),
-                    PLAIN_PART,
+                    [meta, log_key], parts.FIELDS, commands, PLAIN_PART
                 )
             except PlainRefused as exc:  # a proxy or an ACL without WATCH/TIME: scripts from now on
                 log.warning("large appends' parts go through append_part.lua: %s", exc)
