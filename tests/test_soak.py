@@ -52,6 +52,8 @@ def open_counts(gw: Gateway) -> dict[str, int]:
         "listener channels": len(subscriber.channels),
         "unsent subscriptions": len(subscriber._unsent),
         "pending unsubscriptions": len(subscriber._leaving),
+        "channels being served": len(subscriber._serving),
+        "readers in a round": sum(len(c.round or ()) for c in channels),
         "shared reads": len(gw.store._reads._shared._inflight),
         "live slots": gw.guard.live.total,
         "body bytes": gw.bodies.held,

@@ -20,6 +20,7 @@ task, which then reads.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Coroutine, Hashable
 from dataclasses import dataclass, field
@@ -27,7 +28,10 @@ from typing import Any, Protocol
 
 from ..protocol import notices
 from ..telemetry import metrics
+from ..telemetry.logs import RateLimited
 from .timers import Wheel
+
+limited = RateLimited(logging.getLogger(__name__), every=30.0)
 
 
 @dataclass
@@ -60,7 +64,7 @@ class Waiter(Protocol):
         """Wake it: the stream moved, or it must look again."""
 
 
-@dataclass
+@dataclass(eq=False)  # identity: the listener keeps the channels it has rounds to make for
 class Channel:
     confirmed: asyncio.Future[None]
     waiters: set[Waiter] = field(default_factory=set)
@@ -68,6 +72,11 @@ class Channel:
     recent: notices.Recent = field(default_factory=notices.Recent)
     parked: dict[Waiter, Sink] = field(default_factory=dict)
     sent_ms: int | None = None  # Redis' clock when the newest notice was published (notices.py)
+    # The round over the waiters (``serve``): who it visits, how far it got, and whether
+    # notices came that the waiters it already visited have not had.
+    round: list[Waiter] | None = None
+    round_at: int = 0
+    due: bool = False
 
     def confirm(self) -> None:
         """Redis confirmed the subscription (a first one, or after a reconnect or a move to
@@ -87,50 +96,94 @@ class Channel:
         if self.confirmed.done():
             self.confirmed = asyncio.get_running_loop().create_future()
 
-    def deliver(self, batch: list[notices.Notice | None]) -> None:
-        """Serve parked sinks from consecutive notices; wake every other waiter.
-
-        Under load the listener hands over every notice that queued up while
-        it was busy, so a sink gets one write however many appends it covers:
-        writes per second stay bounded and latency degrades gracefully.
-        """
+    def notify(self, notice: notices.Notice | None) -> None:
+        """A notice arrived: kept in ``recent``, it reaches the waiters as ``serve`` goes
+        round them. None (the stream was deleted, or the notice could not be parsed) wakes
+        every waiter at once, parked or not, to read for itself: nothing the channel hears
+        after it may be written to a reader that has not looked since (the stream may have
+        been created anew, its offsets starting over)."""
         self.notified_at = time.monotonic()  # also while nobody waits: a reader may be registering
         if not self.waiters:
             # Lingering after its last reader left (fanout.py): a history would only hold
             # memory (it held every lingering stream's last notices), and a reader that
             # comes re-reads Redis after registering anyway.
             self.recent.clear()
+            self.abandon()
             return
-        for notice in batch:
-            self.recent.add(notice)
-            if notice is not None and notice.sent_ms is not None:
-                self.sent_ms = notice.sent_ms
-        wrote = False
-        deliveries: dict[int, notices.Delivery | None] = {}  # sinks mostly share a position
-        frames: dict[tuple[Hashable, int], bytes] = {}
-        parked = self.parked
+        self.recent.add(notice)
+        if notice is None:
+            self.abandon()
+            return
+        if notice.sent_ms is not None:
+            self.sent_ms = notice.sent_ms
+        self.due = True
+
+    def abandon(self) -> None:
+        """End the round: every waiter is woken, no sink stays parked (each task unparks its
+        own when it wakes), and nothing is due."""
         for event in self.waiters:
+            event.set()
+        self.parked.clear()
+        self.round, self.due = None, False
+        self.recent.roomy = False
+
+    @property
+    def serving(self) -> bool:
+        """Whether ``serve`` has waiters left to visit."""
+        return self.due or self.round is not None
+
+    def serve(self, budget: int) -> int:
+        """Visit up to ``budget`` waiters; returns how many it visited. A parked sink gets
+        what the recent notices hold beyond its position, in one write; every other waiter
+        (behind them, large appends, a slow client, not parked) is woken to read for itself.
+
+        A round goes over the waiters there were when it began; notices arriving during it
+        reach the waiters it has still to visit, and start another round after it (those
+        with nothing new are passed over, though a waiter not parked is woken again). So the
+        listener can serve thousands of readers a slice at a time, reading the notices that
+        arrive in between: a reader hears of an append within about one round, and appends
+        and new readers wait for a slice, not for a whole round. Under load a sink gets one
+        write per round however many appends it covers.
+        """
+        if self.round is None:
+            if not self.due:
+                return 0
+            self.round, self.round_at, self.due = list(self.waiters), 0, False
+            self.recent.roomy = len(self.round) > budget  # a round of several slices
+        waiters, parked, recent = self.round, self.parked, self.recent
+        start = self.round_at
+        stop = self.round_at = min(len(waiters), start + budget)  # on, whatever a reader raises
+        if stop >= len(waiters):
+            self.round = None
+            self.recent.roomy = self.due  # another round follows at once
+        wrote = False
+        for event in waiters[start:stop]:
+            if event not in self.waiters:
+                continue  # left since the round began
             sink = parked.get(event)
             if sink is None:
                 event.set()  # not parked: its task reads for itself
                 continue
+            if sink.closed:
+                continue  # wrote the stream's end in an earlier round: its task finishes
             position = sink.position
-            if position in deliveries:
-                delivery = deliveries[position]
-            else:
-                delivery = deliveries[position] = notices.stitch(batch, position)
+            delivery = recent.delivery(position)
             if delivery is None or not sink.writable():
                 event.set()  # behind, large appends, or a slow client: its task takes over
                 continue
             if delivery.tail == position and not delivery.closed:
                 continue  # nothing new for this one
-            key = (sink.key, position)
-            frame = frames.get(key)
-            if frame is None:
-                frame = frames[key] = sink.frame(delivery)
             try:
+                key = ("frame", sink.key)  # sinks alike get the same bytes for one delivery
+                frame = delivery.cache.get(key)
+                if frame is None:
+                    frame = delivery.cache[key] = sink.frame(delivery)
                 sink.write(frame)
             except (OSError, RuntimeError):  # the connection just went: its task cleans up
+                event.set()
+                continue
+            except Exception as exc:  # a bug: this reader's task takes over, the others are served
+                limited.log(logging.ERROR, "serve", "writing to a live reader failed", exc_info=exc)
                 event.set()
                 continue
             wrote = True
@@ -140,6 +193,15 @@ class Channel:
                 event.set()
         if wrote:
             fanout_delay(self.sent_ms)
+        return stop - start
+
+    def deliver(self, batch: list[notices.Notice | None]) -> None:
+        """``notify`` of each notice, then one whole round (tests; the listener serves a
+        slice at a time)."""
+        for notice in batch:
+            self.notify(notice)
+        while self.serving:
+            self.serve(len(self.waiters) or 1)
 
 
 def fanout_delay(sent_ms: int | None) -> None:
@@ -236,4 +298,4 @@ class Watch:
             return not self._shutdown.started
         finally:
             if parked:
-                del self._channel.parked[self]
+                self._channel.parked.pop(self, None)  # gone already if the channel abandoned its round

@@ -110,6 +110,9 @@ def held_bytes(notice: Notice) -> int:
     return _NOTICE_OVERHEAD + sum(len(data) + _ENTRY_OVERHEAD for _, data in notice.entries)
 
 
+_ROOMY = 16  # Recent's bounds while roomy: 512 notices, 1 MiB
+
+
 class Recent:
     """The last few notices of one stream, oldest first: at most ``size``, and no more
     than ``budget`` bytes of them (``held_bytes``).
@@ -122,21 +125,29 @@ class Recent:
 
     def __init__(self, size: int = 32, budget: int = 64 * 1024) -> None:
         self._size, self._budget = size, budget
-        self._notices: deque[Notice] = deque()
+        self._notices: deque[Notice | None] = deque()
         self._held: deque[int] = deque()  # held_bytes of each notice, in the same order
         self._total = 0
         self._deliveries: dict[int, Delivery | None] = {}  # readers at one offset share one
+        # While a channel goes round thousands of readers (channels.py), the notices since its
+        # round began must stay, or the readers it has yet to visit all read Redis instead.
+        self.roomy = False
 
     def add(self, notice: Notice | None) -> None:
+        """Keep ``notice``. None (deleted, or unknown) drops the older ones, and stays as a
+        barrier: until it is itself dropped, nothing is delivered from any position, as the
+        stream after it may be another one (deleted and created again, its offsets anew)."""
         self._deliveries.clear()
         if notice is None:
-            self.clear()  # deleted, or unknown: nobody may trust older notices
-            return
-        held = held_bytes(notice)
+            self.clear()
+        held = _NOTICE_OVERHEAD if notice is None else held_bytes(notice)
         self._notices.append(notice)
         self._held.append(held)
         self._total += held
-        while self._notices and (len(self._notices) > self._size or self._total > self._budget):
+        size, budget = self._size, self._budget
+        if self.roomy:
+            size, budget = size * _ROOMY, budget * _ROOMY
+        while self._notices and (len(self._notices) > size or self._total > budget):
             self._notices.popleft()
             self._total -= self._held.popleft()
 

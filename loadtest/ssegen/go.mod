@@ -1,0 +1,3 @@
+module ssegen
+
+go 1.19
