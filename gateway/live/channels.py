@@ -100,7 +100,7 @@ class Channel:
         """A notice arrived: kept in ``recent``, it reaches the waiters as ``serve`` goes
         round them. None (the stream was deleted, or the notice could not be parsed) wakes
         every waiter at once, parked or not, to read for itself: nothing the channel hears
-        after it may be written to a reader that has not looked since (the stream may have
+        after it is written to a reader that has not read Redis since (the stream may have
         been created anew, its offsets starting over)."""
         self.notified_at = time.monotonic()  # also while nobody waits: a reader may be registering
         if not self.waiters:
@@ -110,10 +110,12 @@ class Channel:
             self.recent.clear()
             self.abandon()
             return
-        self.recent.add(notice)
         if notice is None:
+            self.recent.clear()
             self.abandon()
             return
+        self.recent.roomy = True  # until its round is over: keep what the round must deliver
+        self.recent.add(notice)
         if notice.sent_ms is not None:
             self.sent_ms = notice.sent_ms
         self.due = True
@@ -149,13 +151,11 @@ class Channel:
             if not self.due:
                 return 0
             self.round, self.round_at, self.due = list(self.waiters), 0, False
-            self.recent.roomy = len(self.round) > budget  # a round of several slices
         waiters, parked, recent = self.round, self.parked, self.recent
         start = self.round_at
         stop = self.round_at = min(len(waiters), start + budget)  # on, whatever a reader raises
         if stop >= len(waiters):
             self.round = None
-            self.recent.roomy = self.due  # another round follows at once
         wrote = False
         for event in waiters[start:stop]:
             if event not in self.waiters:
@@ -191,6 +191,8 @@ class Channel:
             if delivery.closed:
                 sink.closed = True
                 event.set()
+        if self.round is None and not self.due:
+            self.recent.roomy = False  # the round is over: the usual bounds again
         if wrote:
             fanout_delay(self.sent_ms)
         return stop - start

@@ -125,28 +125,43 @@ class Recent:
 
     def __init__(self, size: int = 32, budget: int = 64 * 1024) -> None:
         self._size, self._budget = size, budget
-        self._notices: deque[Notice | None] = deque()
+        self._notices: deque[Notice] = deque()
         self._held: deque[int] = deque()  # held_bytes of each notice, in the same order
         self._total = 0
         self._deliveries: dict[int, Delivery | None] = {}  # readers at one offset share one
-        # While a channel goes round thousands of readers (channels.py), the notices since its
-        # round began must stay, or the readers it has yet to visit all read Redis instead.
-        self.roomy = False
+        # While a channel has notices to take round its readers (channels.py), those since
+        # the round began must stay, or the readers it has yet to visit all read Redis instead.
+        self._roomy = False
+
+    @property
+    def roomy(self) -> bool:
+        """Whether the bounds are ``_ROOMY`` times wider; set back, they apply at once."""
+        return self._roomy
+
+    @roomy.setter
+    def roomy(self, roomy: bool) -> None:
+        if self._roomy and not roomy:
+            self._roomy = False
+            self._trim()
+        self._roomy = roomy
 
     def add(self, notice: Notice | None) -> None:
-        """Keep ``notice``. None (deleted, or unknown) drops the older ones, and stays as a
-        barrier: until it is itself dropped, nothing is delivered from any position, as the
-        stream after it may be another one (deleted and created again, its offsets anew)."""
         self._deliveries.clear()
         if notice is None:
-            self.clear()
-        held = _NOTICE_OVERHEAD if notice is None else held_bytes(notice)
+            self.clear()  # deleted, or unknown: nobody may trust older notices
+            return
+        held = held_bytes(notice)
         self._notices.append(notice)
         self._held.append(held)
         self._total += held
+        self._trim()
+
+    def _trim(self) -> None:
         size, budget = self._size, self._budget
-        if self.roomy:
+        if self._roomy:
             size, budget = size * _ROOMY, budget * _ROOMY
+        if len(self._notices) > size or self._total > budget:
+            self._deliveries.clear()
         while self._notices and (len(self._notices) > size or self._total > budget):
             self._notices.popleft()
             self._total -= self._held.popleft()
