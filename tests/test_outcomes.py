@@ -16,6 +16,7 @@ import aiohttp
 import redis.asyncio as aioredis
 
 from gateway.cli.embedded import EmbeddedRedis
+from gateway.telemetry import metrics
 
 from .conftest import start_gateway
 
@@ -84,7 +85,11 @@ async def test_a_full_redis_refuses_appends_with_retry(
     own_redis: EmbeddedRedis, http: aiohttp.ClientSession
 ) -> None:
     """OOM (maxmemory reached, noeviction) comes at an append's first write: nothing is
-    stored, so the answer is 503 with Retry-After, not 500."""
+    stored, so the answer is 503 with Retry-After, not 500. Counted in
+    ds_redis_errors_total as a create refused for memory is (append.lua catches it, so it
+    is that append's result rather than an exception of the call)."""
+    refused = metrics.REDIS_ERRORS.labels("append", "OutOfMemoryError")
+    before = refused._value.get()
     gateway = await start_gateway(own_redis.url)
     url = str(gateway.make_url("/v1/stream/full"))
     admin = aioredis.Redis.from_url(own_redis.url)
@@ -97,6 +102,7 @@ async def test_a_full_redis_refuses_appends_with_retry(
             assert r.status == 503, (r.status, await r.text())
             assert r.headers["Retry-After"] == "5"
             assert "OOM" in await r.text()
+        assert refused._value.get() == before + 1
         await admin.config_set("maxmemory", 0)
         async with http.post(url, data=b"kept;", headers=TEXT) as r:
             assert r.status == 204

@@ -22,6 +22,7 @@ from ..protocol.headers import (
 )
 from ..protocol.models import text
 from ..protocol.responses import current_state
+from ..telemetry import metrics
 from ..telemetry.logs import RateLimited
 from .contracts import AppendClosed, AppendConflict, AppendFailed, AppendSeqGap, AppendStaleEpoch
 
@@ -30,6 +31,10 @@ limited = RateLimited(log)
 # Redis' answers to a write it will not do now (full, a replica, failing disk, ...):
 # nothing was stored, and a retry later may succeed.
 _REFUSALS = re.compile(r"\b(OOM|READONLY|MISCONF|NOREPLICAS|MASTERDOWN|BUSY|LOADING)\b")
+# An append's own failure (append.lua catches it) in ds_redis_errors_total: by the class
+# redis-py raises for the same error on a plain call (a create refused for memory counts
+# as OutOfMemoryError too), else ResponseError.
+_ERROR_CLASSES = {"OOM": "OutOfMemoryError", "READONLY": "ReadOnlyError", "LOADING": "BusyLoadingError"}
 # Errors that mean "Redis is not reachable right now" (as opposed to a bad request).
 UNAVAILABLE = (
     redis.exceptions.ConnectionError,
@@ -97,6 +102,8 @@ def append_error(status: str, result: list[Any], stream_id: str) -> ProtocolErro
         failed = AppendFailed(*result)
         written, message = text(failed.written), text(failed.message)
         refusal = _REFUSALS.search(message)
+        error = _ERROR_CLASSES.get(refusal[0], "ResponseError") if refusal else "ResponseError"
+        metrics.REDIS_ERRORS.labels("append", error).inc()
         if written == "none" and refusal:
             limited.log(logging.WARNING, "refused", "redis refused an append: %s", message)
             reason = f"storage refused the append ({refusal[0]}): not stored"

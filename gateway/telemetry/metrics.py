@@ -78,7 +78,9 @@ REDIS_SECONDS = Histogram(
     ["script"],
     buckets=_FAST,
 )
-REDIS_ERRORS = Counter("ds_redis_errors_total", "Failed script calls", ["script", "error"])
+REDIS_ERRORS = Counter(
+    "ds_redis_errors_total", "Failed script calls, and appends append.lua caught failing", ["script", "error"]
+)
 REDIS_RETRIES = Counter(
     "ds_redis_cluster_retries_total",
     "Redis Cluster calls sent again because they did not run: moved, ask, tryagain, clusterdown, unreachable",
