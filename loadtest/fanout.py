@@ -495,7 +495,7 @@ def main() -> None:
         asyncio.run(bench(args.base_url, "target", None))
     else:
         for kind in args.servers.split(","):  # one after the other, same machine, same run
-            extra = args.ours_args.split() if kind == "ours" else []
+            extra = args.ours_args.split() if kind.startswith("ours") else []
             label = " ".join([kind, *extra])
             for runs in [[n] for n in counts] if args.server_per_run else [counts]:
                 with start(kind, *extra) as server:
