@@ -218,15 +218,47 @@ def _write_process(
     return sent_at, acked
 
 
-class _PythonSubscribers:
+class _Subscribers:
+    """One run's subscribers, as ``run_one`` drives them: ``connect`` (how many did),
+    ``begin`` as the writer starts, ``finish`` with the writer's times (deliveries drained,
+    their summary: Result's fields), then ``drained_at`` (time.monotonic()) and ``cpu``
+    (the subscribers' CPU seconds from ``begin`` to then). Leaving the ``async with``
+    disconnects whatever is left, however the run ended."""
+
+    name = ""
+    drained_at: float
+    cpu: float
+
+    async def __aenter__(self) -> _Subscribers:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.close()
+
+    async def connect(self) -> int:
+        raise NotImplementedError
+
+    def begin(self) -> None:
+        raise NotImplementedError
+
+    async def finish(self, sent_at: dict[int, float], acked: dict[int, float]) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class _PythonSubscribers(_Subscribers):
     """The subscribers as asyncio protocols in this process (``--generator python``)."""
+
+    name = "python"
 
     def __init__(self, count: int, host: str, port: int, path: str) -> None:
         self.subs = [Subscriber(i) for i in range(count)]
         self._where = host, port, path
         self._stop = asyncio.Event()
         self._clients: list[_SseClient] = []
-        self._meter = ProcessMeter(os.getpid())  # the generator's CPU is this process's
+        self._reconnector: asyncio.Task[None] | None = None
 
     async def connect(self) -> int:
         count_connected, self._reconnector = await _subscribe_all(self.subs, *self._where, self._stop,
@@ -237,7 +269,7 @@ class _PythonSubscribers:
         return count_connected()
 
     def begin(self) -> None:
-        self._meter = ProcessMeter(os.getpid())
+        self._meter = ProcessMeter(os.getpid())  # the generator's CPU is this process's
 
     async def finish(self, sent_at: dict[int, float], acked: dict[int, float]) -> dict[str, Any]:
         """Let deliveries drain (every one, or no progress for 5 s), disconnect, summarize."""
@@ -282,7 +314,7 @@ class _PythonSubscribers:
     def close(self) -> None:
         """Disconnect every subscriber: the next run starts without this one's connections."""
         self._stop.set()
-        if hasattr(self, "_reconnector"):
+        if self._reconnector is not None:
             self._reconnector.cancel()
         for client in self._clients:
             client.transport.close()
@@ -301,13 +333,16 @@ def build_ssegen() -> Path:
     return binary
 
 
-class _GoSubscribers:
+class _GoSubscribers(_Subscribers):
     """The subscribers in ``loadtest/ssegen`` (``--generator go``): the same requests and
     counting as _SseClient at a fraction of the CPU, so at 10,000 subscribers the
     generator does not take the server's cores. Times come back summarized."""
 
+    name = "go"
+
     def __init__(self, count: int, host: str, port: int, path: str) -> None:
         self._args = [str(build_ssegen()), "-addr", f"{host}:{port}", "-path", path, "-n", str(count)]
+        self._proc: asyncio.subprocess.Process | None = None
 
     async def connect(self) -> int:
         # One scheduler thread: at 1,000 subscribers it costs ~40% of a core, against ~52% with
@@ -323,11 +358,12 @@ class _GoSubscribers:
         return int(json.loads(line)["ready"])
 
     def begin(self) -> None:
+        assert self._proc is not None
         self._cpu0 = ProcessMeter(self._proc.pid).cpu_seconds()
 
     async def finish(self, sent_at: dict[int, float], acked: dict[int, float]) -> dict[str, Any]:
         """Hand over the writer's times; ssegen drains, disconnects and summarizes."""
-        assert self._proc.stdin is not None and self._proc.stdout is not None
+        assert self._proc is not None and self._proc.stdin is not None and self._proc.stdout is not None
         self._proc.stdin.write(json.dumps({"sent": sent_at, "acked": acked}).encode() + b"\n")
         await self._proc.stdin.drain()
         line = await asyncio.wait_for(self._proc.stdout.readline(), 300)
@@ -342,13 +378,12 @@ class _GoSubscribers:
 
     def close(self) -> None:
         """Stop ssegen if it is still running (a run that failed): its connections go with it."""
-        if hasattr(self, "_proc") and self._proc.returncode is None:
+        if self._proc is not None and self._proc.returncode is None:
             self._proc.kill()
 
 
 GENERATORS: dict[str, type[_PythonSubscribers | _GoSubscribers]] = {
-    "python": _PythonSubscribers,
-    "go": _GoSubscribers,
+    kind.name: kind for kind in (_PythonSubscribers, _GoSubscribers)
 }
 
 
@@ -364,37 +399,29 @@ async def run_one(base_url: str, server: str, subscribers: int, rate: float, dur
     parts = urlsplit(url)
     rss_before = ProcessMeter(pid).rss_mb() if pid else None
     assert parts.hostname is not None and parts.port is not None
-    subs = GENERATORS[generator](subscribers, parts.hostname, parts.port, parts.path)
-    try:
-        return await _measure(subs, url, server, subscribers, rate, duration, message_bytes, pid, rss_before)
-    finally:
-        subs.close()
+    async with GENERATORS[generator](subscribers, parts.hostname, parts.port, parts.path) as subs:
+        connected = await subs.connect()
+        await asyncio.sleep(1.0)
 
-
-async def _measure(subs: _PythonSubscribers | _GoSubscribers, url: str, server: str, subscribers: int,
-                   rate: float, duration: float, message_bytes: int, pid: int | None,
-                   rss_before: float | None) -> Result:  # fmt: skip
-    connected = await subs.connect()
-    await asyncio.sleep(1.0)
-
-    meter = ProcessMeter(pid) if pid else None
-    rss_per_subscriber = None
-    if meter and rss_before is not None and connected:
-        rss_per_subscriber = round((meter.peak_rss_mb - rss_before) * 1024 / connected, 1)
-    subs.begin()
-    started = wall0 = time.monotonic() + 2.0  # time for the writer process to start
-    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        writing = asyncio.get_running_loop().run_in_executor(
-            pool, _write_process, url, rate, duration, message_bytes, started
-        )
-        while not writing.done():  # sample the server while the writer works
-            if meter:
-                meter.sample()
-            await asyncio.wait([writing], timeout=1.0)
-        sent_at, acked = writing.result()
-    delivered = await subs.finish(sent_at, acked)
-    server_cpu = meter.cpu_used() if meter else None  # idle since the drain
-    elapsed = subs.drained_at - wall0  # CPU shares up to the drain (not the summary's sorting)
+        meter = ProcessMeter(pid) if pid else None
+        rss_per_subscriber = None
+        if meter and rss_before is not None and connected:
+            rss_per_subscriber = round((meter.peak_rss_mb - rss_before) * 1024 / connected, 1)
+        subs.begin()
+        started = wall0 = time.monotonic() + 2.0  # time for the writer process to start
+        spawn = multiprocessing.get_context("spawn")
+        with concurrent.futures.ProcessPoolExecutor(1, mp_context=spawn) as pool:
+            writing = asyncio.get_running_loop().run_in_executor(
+                pool, _write_process, url, rate, duration, message_bytes, started
+            )
+            while not writing.done():  # sample the server while the writer works
+                if meter:
+                    meter.sample()
+                await asyncio.wait([writing], timeout=1.0)
+            sent_at, acked = writing.result()
+        delivered = await subs.finish(sent_at, acked)
+        server_cpu = meter.cpu_used() if meter else None  # idle since the drain
+        elapsed = subs.drained_at - wall0  # CPU shares up to the drain (not the summary's sorting)
     await asyncio.sleep(1.0)  # for the server to see them go
     return Result(
         server=server,
@@ -407,7 +434,7 @@ async def _measure(subs: _PythonSubscribers | _GoSubscribers, url: str, server: 
         server_cpu_percent=round(100 * server_cpu / elapsed, 1) if server_cpu is not None else None,
         server_peak_rss_mb=round(meter.peak_rss_mb, 1) if meter else None,
         server_rss_per_subscriber_kib=rss_per_subscriber,
-        generator="python" if isinstance(subs, _PythonSubscribers) else "go",
+        generator=subs.name,
         generator_cpu_percent=round(100 * subs.cpu / elapsed, 1),
     )
 

@@ -49,6 +49,11 @@ def _channel(readers: int) -> tuple[Channel, dict[asyncio.Event, Sink]]:
     return channel, sinks
 
 
+def _listener() -> listener.Listener:
+    """A listener never connected: only its dispatching and serving are used."""
+    return listener.Listener({}, lambda: None, 5.0)  # type: ignore[arg-type,return-value]
+
+
 async def test_notices_arriving_during_a_round_reach_every_reader_once_in_order() -> None:
     channel, sinks = _channel(1000)
     channel.notify(_notice(0, b"ab"))
@@ -82,7 +87,7 @@ async def test_a_round_wakes_readers_it_cannot_write_to_and_skips_those_gone() -
 async def test_the_listener_serves_a_slice_at_a_time() -> None:
     """One ``_serve`` visits at most ``_SLICE`` readers, over the channels in the order
     they were notified; the listener calls it again between reads until all are served."""
-    subscriber = listener.Listener({}, lambda: None, 5.0)  # type: ignore[arg-type,return-value]
+    subscriber = _listener()
     big, big_sinks = _channel(listener._SLICE + 200)
     small, small_sinks = _channel(3)
     subscriber.channels |= {"big": big, "small": small}
@@ -98,7 +103,7 @@ async def test_the_listener_serves_a_slice_at_a_time() -> None:
 async def test_a_stream_always_busy_does_not_hold_up_the_others() -> None:
     """Channels take turns a slice each: one notified again within every round (always
     due) once kept a small channel behind it from ever being served."""
-    subscriber = listener.Listener({}, lambda: None, 5.0)  # type: ignore[arg-type,return-value]
+    subscriber = _listener()
     busy, _ = _channel(4 * listener._SLICE)
     small, small_sinks = _channel(3)
     subscriber.channels |= {"busy": busy, "small": small}
@@ -168,7 +173,7 @@ async def test_a_reader_that_raises_is_woken_and_the_round_goes_on() -> None:
 
 
 async def test_readers_a_lost_connection_leaves_unvisited_are_woken_at_once() -> None:
-    subscriber = listener.Listener({}, lambda: None, 5.0)  # type: ignore[arg-type,return-value]
+    subscriber = _listener()
     channel, sinks = _channel(listener._SLICE + 100)
     subscriber.channels["c"] = channel
     subscriber._dispatch([("message", "c", b"0 1 0 1\na")])

@@ -103,15 +103,10 @@ class Channel:
         after it is written to a reader that has not read Redis since (the stream may have
         been created anew, its offsets starting over)."""
         self.notified_at = time.monotonic()  # also while nobody waits: a reader may be registering
-        if not self.waiters:
-            # Lingering after its last reader left (fanout.py): a history would only hold
-            # memory (it held every lingering stream's last notices), and a reader that
-            # comes re-reads Redis after registering anyway.
-            self.recent.clear()
-            self.abandon()
-            return
-        if notice is None:
-            self.recent.clear()
+        # Nobody waiting (lingering after its last reader left, fanout.py): a history would
+        # only hold memory (it held every lingering stream's last notices), and a reader
+        # that comes re-reads Redis after registering anyway.
+        if notice is None or not self.waiters:
             self.abandon()
             return
         self.recent.roomy = True  # until its round is over: keep what the round must deliver
@@ -122,11 +117,12 @@ class Channel:
 
     def abandon(self) -> None:
         """End the round: every waiter is woken, no sink stays parked (each task unparks its
-        own when it wakes), and nothing is due."""
+        own when it wakes), no notice is kept and nothing is due."""
         for event in self.waiters:
             event.set()
         self.parked.clear()
         self.round, self.due = None, False
+        self.recent.clear()
         self.recent.roomy = False
 
     @property

@@ -140,10 +140,8 @@ class Recent:
 
     @roomy.setter
     def roomy(self, roomy: bool) -> None:
-        if self._roomy and not roomy:
-            self._roomy = False
-            self._trim()
         self._roomy = roomy
+        self._trim()
 
     def add(self, notice: Notice | None) -> None:
         self._deliveries.clear()

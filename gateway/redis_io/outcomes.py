@@ -24,7 +24,7 @@ from ..protocol.models import text
 from ..protocol.responses import current_state
 from ..telemetry import metrics
 from ..telemetry.logs import RateLimited
-from .contracts import AppendClosed, AppendConflict, AppendFailed, AppendSeqGap, AppendStaleEpoch
+from .contracts import APPEND, AppendClosed, AppendConflict, AppendFailed, AppendSeqGap, AppendStaleEpoch
 
 log = logging.getLogger(__name__)
 limited = RateLimited(log)
@@ -103,7 +103,7 @@ def append_error(status: str, result: list[Any], stream_id: str) -> ProtocolErro
         written, message = text(failed.written), text(failed.message)
         refusal = _REFUSALS.search(message)
         error = _ERROR_CLASSES.get(refusal[0], "ResponseError") if refusal else "ResponseError"
-        metrics.REDIS_ERRORS.labels("append", error).inc()
+        metrics.REDIS_ERRORS.labels(APPEND.name, error).inc()
         if written == "none" and refusal:
             limited.log(logging.WARNING, "refused", "redis refused an append: %s", message)
             reason = f"storage refused the append ({refusal[0]}): not stored"

@@ -55,6 +55,7 @@ type subscriber struct {
 	duplicates int
 	reconnects int
 	offset     string
+	conn       net.Conn // the connection now open, closed at the end
 }
 
 var seqMark = []byte("seq=")
@@ -63,7 +64,7 @@ var lastChunk = []byte("\r\n0\r\n\r\n")
 
 // run keeps one subscriber connected until stop, reconnecting after the server ends a response.
 // first is called once: true when its first response's headers arrived, false if it never connected.
-func (s *subscriber) run(addr, path string, first func(bool), stop <-chan struct{}, conns chan<- net.Conn) {
+func (s *subscriber) run(addr, path string, first func(bool), stop <-chan struct{}) {
 	signalled := false
 	signal := func(ok bool) {
 		if !signalled {
@@ -87,7 +88,9 @@ func (s *subscriber) run(addr, path string, first func(bool), stop <-chan struct
 			continue
 		}
 		failures = 0
-		conns <- conn
+		s.mu.Lock() // (main takes it for good at the end: no connection is kept after that)
+		s.conn = conn
+		s.mu.Unlock()
 		request := fmt.Sprintf("GET %s?offset=%s&live=sse HTTP/1.1\r\nHost: %s\r\nAccept: text/event-stream\r\n\r\n",
 			path, s.offset, addr)
 		if _, err := conn.Write([]byte(request)); err == nil {
@@ -241,16 +244,6 @@ func main() {
 
 	subs := make([]*subscriber, *count)
 	stop := make(chan struct{})
-	conns := make(chan net.Conn, 1024)
-	var open []net.Conn
-	var openMu sync.Mutex
-	go func() { // every connection made, to be closed at the end
-		for c := range conns {
-			openMu.Lock()
-			open = append(open, c)
-			openMu.Unlock()
-		}
-	}()
 	var connected int64
 	connectBy := time.Now().Add(60 * time.Second)
 	for i := 0; i < len(subs); i += 250 { // in waves of 250, as fanout.py connects
@@ -267,7 +260,7 @@ func main() {
 					atomic.AddInt64(&connected, 1)
 				}
 				wave.Done()
-			}, stop, conns)
+			}, stop)
 		}
 		waved := make(chan struct{})
 		go func() { wave.Wait(); close(waved) }()
@@ -315,13 +308,11 @@ func main() {
 		r.CPUSeconds = float64(usage.Utime.Nano()+usage.Stime.Nano()) / 1e9
 	}
 	close(stop)
-	openMu.Lock()
-	for _, c := range open {
-		c.Close()
-	}
-	openMu.Unlock()
 	for _, s := range subs {
-		s.mu.Lock() // readers may still be parsing their last bytes
+		s.mu.Lock() // kept: readers may still be parsing their last bytes, or reconnecting
+		if s.conn != nil {
+			s.conn.Close()
+		}
 	}
 	r.Connected = int(atomic.LoadInt64(&connected))
 	r.P50, r.P99, r.Max = quantiles(subs, sent, acked)
