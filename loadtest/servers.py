@@ -142,13 +142,22 @@ def start(kind: str, *extra_args: str) -> Iterator[Running]:
         shutil.rmtree(data_dir, ignore_errors=True)
 
 
+def _proc_text(path: str) -> str:
+    """A /proc file's text, or "" when its process or thread has just gone (threads of a
+    measured process come and go: executor threads, workers restarting)."""
+    try:
+        return Path(path).read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return ""
+
+
 def _descendants(pid: int, redis: bool = False) -> list[int]:
     """A process and its children, recursively (gunicorn workers; not the embedded Redis),
     or (``redis``) the embedded Redis among them."""
     out = [] if redis else [pid]
     for task in Path(f"/proc/{pid}/task").glob("*"):
-        for child in (task / "children").read_text().split():
-            if "redis" not in Path(f"/proc/{child}/cmdline").read_text():
+        for child in _proc_text(f"{task}/children").split():
+            if "redis" not in _proc_text(f"/proc/{child}/cmdline"):
                 out += _descendants(int(child), redis)
             elif redis:
                 out.append(int(child))
@@ -156,10 +165,13 @@ def _descendants(pid: int, redis: bool = False) -> list[int]:
 
 
 def _cpu_seconds(pids: list[int]) -> float:
+    """The processes' CPU seconds; one gone since it was listed counts nothing."""
     total = 0
     for pid in pids:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])  # utime + stime
+        stat = _proc_text(f"/proc/{pid}/stat")
+        if stat:
+            fields = stat.rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime + stime
     return total / os.sysconf("SC_CLK_TCK")
 
 

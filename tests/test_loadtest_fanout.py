@@ -7,6 +7,7 @@ cycles (a short SSE cycle) must still count each message once, across reconnects
 from __future__ import annotations
 
 import math
+import os
 import shutil
 
 import pytest
@@ -38,3 +39,37 @@ async def test_reconnected_subscribers_resume_at_their_offset(redis_url: str, ge
         result = await fanout.run_one(base, "ours", 10, 20.0, 2.0, 64, None, generator)
     assert result.reconnects >= 10  # each was cycled at least once
     assert (result.lost, result.duplicated) == (0, 0)
+
+
+def test_process_meter_survives_threads_and_children_going() -> None:
+    """The meter walks /proc while the measured process's threads and children come and go
+    (the Python generator measures itself, its executor threads ending): one gone between
+    listing and reading counts nothing rather than failing the run (a CI run once did)."""
+    import subprocess
+    import threading
+    import time
+
+    from loadtest import servers
+
+    stop = threading.Event()
+
+    def churn() -> None:
+        while not stop.is_set():
+            worker = threading.Thread(target=sum, args=(range(2_000),))
+            worker.start()
+            worker.join()
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    assert servers._cpu_seconds([gone.pid]) == 0.0 and servers._proc_text(f"/proc/{gone.pid}/stat") == ""
+    churner = threading.Thread(target=churn)
+    churner.start()
+    try:
+        meter = servers.ProcessMeter(os.getpid())
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            assert meter.cpu_used() >= 0.0
+    finally:
+        stop.set()
+        churner.join()
+    assert meter.cpu_used() > 0.0
