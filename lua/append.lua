@@ -52,6 +52,8 @@
 --   {'missing'} {'gone'}
 --   {'error', written, message}  failed; written 'none': nothing written, else 'partial'
 local now = now_ms()
+local now_text = fmt(now)
+local notice_bytes = tonumber(ARGV[1])
 local results = {}
 WAKE = ARGV[2]
 
@@ -60,110 +62,129 @@ local function error_text(e)
   return tostring(e)
 end
 
+-- The stream whose keys are bound now (append_stream) and what its appends did. Kept
+-- here, not in closures made per stream: a call carries appends to up to hundreds of
+-- streams, one each as often as not, and the closures with the notice's tables cost
+-- ~2 of the ~13 µs of Lua such an append took (loadtest/results/profile.md).
+local m  -- its meta (load_meta)
+local changed  -- an append changed it: its notice goes out
+local appended  -- ARGV indices of the entries appended (their sizes), for the notice
+local writing  -- an append has stored something: an error after it is 'partial'
+local function mark_writing() writing = true end
+
+-- An entry's size in a notice: its length, or "<length>:<positions>" when it takes
+-- other positions than bytes (a JSON entry of several messages).
+local function notice_size(index)
+  local data, took = ARGV[index + 1], ARGV[index]
+  if #data == tonumber(took) then return #data end
+  return #data .. ':' .. took
+end
+
 -- After a stream's appends: move its deadline and publish what changed.
-local function finish_stream(m, old_tail, was_closed, appended)
+local function finish_stream(old_tail, was_closed)
   touch(m, now, 0)
   if m.exp and not m.ttl then apply_expiry(m) end  -- a new log key needs the deadline too
   if m.tail ~= old_tail or m.closed ~= was_closed then
-    local notice = old_tail .. ' ' .. m.tail .. (m.closed and ' 1' or ' 0') .. ' t' .. fmt(now)
-    if #appended > 0 and tonumber(m.tail) - tonumber(old_tail) <= tonumber(ARGV[1]) then
-      local sizes, datas = {}, {}
-      for k, index in ipairs(appended) do
-        local data, took = ARGV[index + 1], ARGV[index]
-        sizes[k] = (#data == tonumber(took)) and #data or (#data .. ':' .. took)
-        datas[k] = data
+    local notice = old_tail .. ' ' .. m.tail .. (m.closed and ' 1' or ' 0') .. ' t' .. now_text
+    if #appended > 0 and tonumber(m.tail) - tonumber(old_tail) <= notice_bytes then
+      if #appended == 1 then  -- the common case, without the tables
+        notice = notice .. ' ' .. notice_size(appended[1]) .. '\n' .. ARGV[appended[1] + 1]
+      else
+        local sizes, datas = {}, {}
+        for k, index in ipairs(appended) do
+          sizes[k], datas[k] = notice_size(index), ARGV[index + 1]
+        end
+        notice = notice .. ' ' .. table.concat(sizes, ',') .. '\n' .. table.concat(datas)
       end
-      notice = notice .. ' ' .. table.concat(sizes, ',') .. '\n' .. table.concat(datas)
     end
     publish(notice)
     record_for_subscribers(false)
   end
 end
 
+-- One append to the stream `m`: its checks, then its entries and commit.
+local function append_one(ctn, close, sseq, pid, ep, sq, im, eo, token, total, first, last)
+  if m.pend then return {'busy', m.pend_until} end  -- behind a large append this call began
+  local has_data = last >= first or token ~= ''  -- a large append begins without its data
+  local tuple = nil
+  if pid ~= '' then tuple = pid .. '\n' .. ep .. '\n' .. sq end
+  if m.closed then
+    if tuple and m.closed_by == tuple then return {'dup', m.tail, '1', ep, sq} end
+    if close and not has_data then changed = true; return {'ok', m.tail, '1'} end
+    return {'closed', m.tail}
+  end
+  if has_data and ctn ~= m.ctn then return {'ct_mismatch'} end
+  if tuple then
+    local epoch, seq = tonumber(ep), tonumber(sq)
+    local state = redis.call('HGET', PROD, pid)
+    if state then
+      local cur, prev = string.match(state, '^(%d+):(%d+)$')
+      cur, prev = tonumber(cur), tonumber(prev)
+      if epoch < cur then return {'stale_epoch', fmt(cur)} end
+      if epoch == cur then
+        if seq <= prev then return {'dup', m.tail, '0', ep, fmt(prev)} end
+        if seq ~= prev + 1 then return {'seq_gap', fmt(prev + 1), sq} end
+      elseif seq ~= 0 then
+        return {'bad_epoch_seq'}
+      end
+    elseif seq ~= 0 then
+      return {'seq_gap', '0', sq}
+    end
+  end
+  -- The conditions come after the producer checks, so a producer's retry of an append
+  -- that was stored is its duplicate (204) though the tail has moved since; and before
+  -- Stream-Seq, as upstream orders If-Match (412 before 409).
+  if im ~= '' and not if_match(m, im) then return {'precondition_failed', m.tail, m.created} end
+  if eo ~= '' and eo ~= m.tail then return {'offset_conflict', m.tail, m.created} end
+  if sseq ~= '' and m.seq and not bytes_less(m.seq, sseq) then
+    return {'seq_regress', m.tail, m.created}
+  end
+
+  local tail = add_entries(m, first, last, now, tuple and (ep .. ' ' .. sq .. ' ' .. pid), mark_writing)
+  if token ~= '' then  -- a large append's first part: beyond the tail, not committed
+    m.pend = token
+    redis.call('HSET', META, 'pend', token, 'pend_at', fmt(tail),
+      'pend_to', fmt(tonumber(m.tail) + tonumber(total)), 'pend_until', fmt(now + PEND_MS))
+    return {'pending', m.tail}
+  end
+  for i = first, last, 2 do appended[#appended + 1] = i end
+  commit(m, tail, sseq, close, tuple, pid, ep, sq)
+  changed = true
+  return {'ok', m.tail, close and '1' or '0', m.created}
+end
+
+-- Every append of the stream gets the same `result`; returns the ARGV index after them.
+local function answer_all(i, count, result)
+  i = i + 1
+  for _ = 1, count do
+    results[#results + 1] = result
+    i = i + 11 + 2 * tonumber(ARGV[i + 10])
+  end
+  return i
+end
+
 -- The appends of the stream whose keys are bound now; `i` indexes its count in ARGV.
 -- Returns the ARGV index after its last append.
 local function append_stream(i)
   local count = tonumber(ARGV[i])
-  local ok, m, status = pcall(open_stream, now)
-  if not ok or status ~= 'ok' then  -- every append of the stream learns of it; skip its arguments
-    local result = ok and {status} or {'error', 'none', error_text(m)}
-    i = i + 1
-    for _ = 1, count do
-      results[#results + 1] = result
-      i = i + 11 + 2 * tonumber(ARGV[i + 10])
-    end
-    return i
+  local ok, status
+  ok, m, status = pcall(open_stream, now)
+  if not ok or status ~= 'ok' then  -- every append of the stream learns of it
+    return answer_all(i, count, ok and {status} or {'error', 'none', error_text(m)})
   end
   if m.pend and (now < tonumber(m.pend_until) or not roll_back(m)) then
     -- a large append is under way (or its leftovers still being dropped): all wait
-    i = i + 1
-    for _ = 1, count do
-      results[#results + 1] = {'busy', m.pend_until}
-      i = i + 11 + 2 * tonumber(ARGV[i + 10])
-    end
-    return i
+    return answer_all(i, count, {'busy', m.pend_until})
   end
-  local old_tail, was_closed, changed = m.tail, m.closed, false
-  local appended = {}  -- ARGV indices of the entries appended (their sizes), for the notice
-  local writing = false  -- set once an append has stored something: an error after it is 'partial'
-  local function mark_writing() writing = true end
-
-  local function append_one(ctn, close, sseq, pid, ep, sq, im, eo, token, total, first, last)
-    if m.pend then return {'busy', m.pend_until} end  -- behind a large append this call began
-    local has_data = last >= first or token ~= ''  -- a large append begins without its data
-    local tuple = nil
-    if pid ~= '' then tuple = pid .. '\n' .. ep .. '\n' .. sq end
-    if m.closed then
-      if tuple and m.closed_by == tuple then return {'dup', m.tail, '1', ep, sq} end
-      if close and not has_data then changed = true; return {'ok', m.tail, '1'} end
-      return {'closed', m.tail}
-    end
-    if has_data and ctn ~= m.ctn then return {'ct_mismatch'} end
-    local epoch, seq = tonumber(ep), tonumber(sq)
-    if tuple then
-      local state = redis.call('HGET', PROD, pid)
-      if state then
-        local cur, prev = string.match(state, '^(%d+):(%d+)$')
-        cur, prev = tonumber(cur), tonumber(prev)
-        if epoch < cur then return {'stale_epoch', fmt(cur)} end
-        if epoch == cur then
-          if seq <= prev then return {'dup', m.tail, '0', ep, fmt(prev)} end
-          if seq ~= prev + 1 then return {'seq_gap', fmt(prev + 1), sq} end
-        elseif seq ~= 0 then
-          return {'bad_epoch_seq'}
-        end
-      elseif seq ~= 0 then
-        return {'seq_gap', '0', sq}
-      end
-    end
-    -- The conditions come after the producer checks, so a producer's retry of an append
-    -- that was stored is its duplicate (204) though the tail has moved since; and before
-    -- Stream-Seq, as upstream orders If-Match (412 before 409).
-    if im ~= '' and not if_match(m, im) then return {'precondition_failed', m.tail, m.created} end
-    if eo ~= '' and eo ~= m.tail then return {'offset_conflict', m.tail, m.created} end
-    if sseq ~= '' and m.seq and not bytes_less(m.seq, sseq) then
-      return {'seq_regress', m.tail, m.created}
-    end
-
-    local tail = add_entries(m, first, last, now, tuple and (ep .. ' ' .. sq .. ' ' .. pid), mark_writing)
-    if token ~= '' then  -- a large append's first part: beyond the tail, not committed
-      m.pend = token
-      redis.call('HSET', META, 'pend', token, 'pend_at', fmt(tail),
-        'pend_to', fmt(tonumber(m.tail) + tonumber(total)), 'pend_until', fmt(now + PEND_MS))
-      return {'pending', m.tail}
-    end
-    for i = first, last, 2 do appended[#appended + 1] = i end
-    commit(m, tail, sseq, close, tuple, pid, ep, sq)
-    changed = true
-    return {'ok', m.tail, close and '1' or '0', m.created}
-  end
-
+  local old_tail, was_closed = m.tail, m.closed
+  changed, appended = false, {}
   i = i + 1
   for _ = 1, count do
     local first = i + 11
     local last = first + 2 * tonumber(ARGV[i + 10]) - 1
     writing = false
-    local ok, result = pcall(append_one, ARGV[i], ARGV[i + 1] == '1', ARGV[i + 2], ARGV[i + 3], ARGV[i + 4],
+    local result
+    ok, result = pcall(append_one, ARGV[i], ARGV[i + 1] == '1', ARGV[i + 2], ARGV[i + 3], ARGV[i + 4],
       ARGV[i + 5], ARGV[i + 6], ARGV[i + 7], ARGV[i + 8], ARGV[i + 9], first, last)
     if not ok then
       result = {'error', writing and 'partial' or 'none', error_text(result)}
@@ -173,7 +194,8 @@ local function append_stream(i)
     i = last + 1
   end
   if not changed then return i end
-  local ok, e = pcall(finish_stream, m, old_tail, was_closed, appended)
+  local e
+  ok, e = pcall(finish_stream, old_tail, was_closed)
   if not ok then redis.log(redis.LOG_WARNING, 'after appending: ' .. error_text(e)) end
   return i
 end
