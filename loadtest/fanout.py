@@ -9,7 +9,10 @@ slowly the server answers. Delivery latency is reported from the moment the
 append was sent (p50/p99/max) and from its acknowledgement (ack p99; an
 event that arrives before its acknowledgement counts 0 ms, which is common
 when the server is busy). Every subscriber must receive every message
-exactly once: losses and duplicates are counted.
+exactly once: losses and duplicates are counted. A subscribe answered other than
+200 (a server at its live-connection limit: 503) is no subscriber: it is counted
+``refused`` (``refd``), not connected, and tried again 0.2 s later, as a refused
+connection is.
 Loopback only; every loop is bounded in count and time.
 
 Each run's subscribers are disconnected before the next run starts (they once
@@ -56,6 +59,7 @@ class Subscriber:
     received: dict[int, float] = field(default_factory=dict)  # seq -> arrival time
     duplicates: int = 0
     reconnects: int = 0
+    refused: int = 0  # responses other than 200 (a server at a limit, a wrong path): retried
     offset: str = "now"
 
 
@@ -76,6 +80,7 @@ class Result:
     duplicated: int
     reconnects: int
     subscribers_missing_data: int
+    refused: int  # subscribe attempts answered other than 200 (each retried 0.2 s later)
     server_cpu_percent: float | None
     server_peak_rss_mb: float | None
     server_rss_per_subscriber_kib: float | None  # RSS once connected and idle, less before, each
@@ -92,6 +97,7 @@ class _SseClient(asyncio.Protocol):
         self.on_ready, self.on_lost = on_ready, on_lost
         self.buffer = b""
         self.headers_done = False
+        self.refused = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport
@@ -110,6 +116,11 @@ class _SseClient(asyncio.Protocol):
                 self.buffer = buffer
                 return
             self.headers_done = True
+            if not buffer.startswith(b"HTTP/1.1 200 "):  # not a subscription: counted, retried
+                self.sub.refused += 1
+                self.refused = True
+                self.transport.close()
+                return
             self.on_ready()
             buffer = buffer[end + 4 :]
         sub, i = self.sub, 0
@@ -133,7 +144,7 @@ class _SseClient(asyncio.Protocol):
             self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.on_lost(self.sub)
+        self.on_lost(self.sub, self.refused)
 
 
 async def _subscribe_all(subs: list[Subscriber], host: str, port: int, path: str, stop: asyncio.Event,
@@ -148,8 +159,12 @@ async def _subscribe_all(subs: list[Subscriber], host: str, port: int, path: str
         nonlocal connected
         connected += 1
 
-    def lost(sub: Subscriber) -> None:
-        if not stop.is_set():
+    def lost(sub: Subscriber, refused: bool) -> None:
+        if stop.is_set():
+            return
+        if refused:  # as a connection refused: again 0.2 s later
+            loop.call_later(0.2, pending.put_nowait, sub)
+        else:
             sub.reconnects += 1
             pending.put_nowait(sub)
 
@@ -253,9 +268,10 @@ class _PythonSubscribers(_Subscribers):
 
     name = "python"
 
-    def __init__(self, count: int, host: str, port: int, path: str) -> None:
+    def __init__(self, count: int, host: str, port: int, path: str, connect_seconds: float = 60.0) -> None:
         self.subs = [Subscriber(i) for i in range(count)]
         self._where = host, port, path
+        self._connect_seconds = connect_seconds
         self._stop = asyncio.Event()
         self._clients: list[_SseClient] = []
         self._reconnector: asyncio.Task[None] | None = None
@@ -263,7 +279,7 @@ class _PythonSubscribers(_Subscribers):
     async def connect(self) -> int:
         count_connected, self._reconnector = await _subscribe_all(self.subs, *self._where, self._stop,
                                                                   self._clients)  # fmt: skip
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + self._connect_seconds
         while count_connected() < len(self.subs) and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
         return count_connected()
@@ -309,6 +325,7 @@ class _PythonSubscribers(_Subscribers):
             "duplicated": sum(sub.duplicates for sub in subs),
             "reconnects": sum(sub.reconnects for sub in subs),
             "subscribers_missing_data": sum(1 for sub in subs if sent_seqs - sub.received.keys()),
+            "refused": sum(sub.refused for sub in subs),
         }  # fmt: skip
 
     def close(self) -> None:
@@ -340,8 +357,9 @@ class _GoSubscribers(_Subscribers):
 
     name = "go"
 
-    def __init__(self, count: int, host: str, port: int, path: str) -> None:
-        self._args = [str(build_ssegen()), "-addr", f"{host}:{port}", "-path", path, "-n", str(count)]
+    def __init__(self, count: int, host: str, port: int, path: str, connect_seconds: float = 60.0) -> None:
+        self._args = [str(build_ssegen()), "-addr", f"{host}:{port}", "-path", path, "-n", str(count),
+                      "-connect-seconds", str(connect_seconds)]  # fmt: skip
         self._proc: asyncio.subprocess.Process | None = None
 
     async def connect(self) -> int:
@@ -464,14 +482,14 @@ def plot(results: list[Result], path: Path) -> None:
 
 def table(results: list[Result]) -> str:
     head = (
-        "server            subs  conn   p50 ms   p99 ms   max ms  ack p99  sent  lost  dup  cpu %   rss MB"
-        " rss/sub KiB  gen cpu %  gen"
+        "server            subs  conn   p50 ms   p99 ms   max ms  ack p99  sent  lost  dup  refd"
+        "  cpu %   rss MB rss/sub KiB  gen cpu %  gen"
     )
     lines = [head, "-" * len(head)]
     for r in results:
         lines.append(
             f"{r.server[:16]:<16} {r.subscribers:>5} {r.connected:>5} {r.p50_ms:>8} {r.p99_ms:>8} "
-            f"{r.max_ms:>8} {r.ack_p99_ms:>8} {r.messages:>5} {r.lost:>5} {r.duplicated:>4} "
+            f"{r.max_ms:>8} {r.ack_p99_ms:>8} {r.messages:>5} {r.lost:>5} {r.duplicated:>4} {r.refused:>5} "
             f"{r.server_cpu_percent!s:>6} {r.server_peak_rss_mb!s:>8} {r.server_rss_per_subscriber_kib!s:>11}"
             f" {r.generator_cpu_percent:>10}  {r.generator}"
         )

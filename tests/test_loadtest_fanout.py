@@ -6,9 +6,11 @@ cycles (a short SSE cycle) must still count each message once, across reconnects
 
 from __future__ import annotations
 
+import asyncio
 import math
 import os
 import shutil
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -39,6 +41,24 @@ async def test_reconnected_subscribers_resume_at_their_offset(redis_url: str, ge
         result = await fanout.run_one(base, "ours", 10, 20.0, 2.0, 64, None, generator)
     assert result.reconnects >= 10  # each was cycled at least once
     assert (result.lost, result.duplicated) == (0, 0)
+
+
+@pytest.mark.parametrize("generator", GENERATORS)
+async def test_subscribers_refused_are_counted_not_connected(redis_url: str, generator: str) -> None:
+    """A subscribe the server answers other than 200 (here 503: past its live-connection
+    limit) is no subscriber: not counted connected, counted refused, tried again."""
+    async with serving(redis_url, max_live_connections=3) as base:
+        url = f"{base}/refused-{generator}"
+        await asyncio.to_thread(fanout._http, "PUT", url)
+        parts = urlsplit(url)
+        assert parts.hostname and parts.port
+        kind = fanout.GENERATORS[generator]
+        async with kind(6, parts.hostname, parts.port, parts.path, connect_seconds=1.5) as subs:
+            connected = await subs.connect()
+            subs.begin()
+            delivered = await subs.finish({}, {})
+    assert connected == 3
+    assert delivered["refused"] >= 6  # the other three, each at least twice in 1.5 s
 
 
 def test_process_meter_survives_threads_and_children_going() -> None:

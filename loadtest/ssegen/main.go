@@ -54,6 +54,7 @@ type subscriber struct {
 	count      int       // seqs received (each once)
 	duplicates int
 	reconnects int
+	refused    int // responses other than 200 (a server at a limit, a wrong path): retried
 	offset     string
 	conn       net.Conn // the connection now open, closed at the end
 }
@@ -93,8 +94,9 @@ func (s *subscriber) run(addr, path string, first func(bool), stop <-chan struct
 		s.mu.Unlock()
 		request := fmt.Sprintf("GET %s?offset=%s&live=sse HTTP/1.1\r\nHost: %s\r\nAccept: text/event-stream\r\n\r\n",
 			path, s.offset, addr)
+		refused := false
 		if _, err := conn.Write([]byte(request)); err == nil {
-			s.read(conn, func() { signal(true) })
+			refused = !s.read(conn, func() { signal(true) })
 		}
 		conn.Close()
 		select {
@@ -102,16 +104,26 @@ func (s *subscriber) run(addr, path string, first func(bool), stop <-chan struct
 			return
 		default:
 			s.mu.Lock()
-			s.reconnects++
+			if refused {
+				s.refused++
+			} else {
+				s.reconnects++
+			}
 			s.mu.Unlock()
+			if refused { // as a connection refused: again 0.2 s later
+				time.Sleep(200 * time.Millisecond)
+			}
 		}
 	}
 }
 
 func (s *subscriber) has(seq int) bool { return seq < len(s.received) && s.received[seq] != 0 }
 
-// read parses one response until it ends or the connection goes.
-func (s *subscriber) read(conn net.Conn, headers func()) {
+var okStatus = []byte("HTTP/1.1 200 ")
+
+// read parses one response until it ends or the connection goes; false if it was not a
+// subscription (a status other than 200: headers is not called).
+func (s *subscriber) read(conn net.Conn, headers func()) bool {
 	buf := make([]byte, 0, 64*1024)
 	chunk := make([]byte, 32*1024)
 	headersDone := false
@@ -126,6 +138,9 @@ func (s *subscriber) read(conn net.Conn, headers func()) {
 					continue
 				}
 				headersDone = true
+				if !bytes.HasPrefix(buf, okStatus) {
+					return false
+				}
 				headers()
 				buf = buf[end+4:]
 			}
@@ -167,11 +182,11 @@ func (s *subscriber) read(conn net.Conn, headers func()) {
 			}
 			buf = append(buf[:0], buf[keep:]...)
 			if ended {
-				return
+				return true
 			}
 		}
 		if err != nil {
-			return
+			return true
 		}
 	}
 }
@@ -192,6 +207,7 @@ type summary struct {
 	Duplicated  int     `json:"duplicated"`
 	Reconnects  int     `json:"reconnects"`
 	MissingData int     `json:"subscribers_missing_data"`
+	Refused     int     `json:"refused"`
 	DrainedAt   float64 `json:"drained_at"`  // CLOCK_MONOTONIC seconds when deliveries had drained
 	CPUSeconds  float64 `json:"cpu_seconds"` // this process's CPU (user + system) by then
 }
@@ -239,13 +255,14 @@ func main() {
 	addr := flag.String("addr", "127.0.0.1:4437", "host:port")
 	path := flag.String("path", "/v1/stream/x", "the stream's path")
 	count := flag.Int("n", 1000, "subscribers")
+	connectSeconds := flag.Float64("connect-seconds", 60, "how long to wait for every subscriber's first response")
 	flag.Parse()
 	origin, monoOrigin = time.Now(), monotonicNow()
 
 	subs := make([]*subscriber, *count)
 	stop := make(chan struct{})
 	var connected int64
-	connectBy := time.Now().Add(60 * time.Second)
+	connectBy := time.Now().Add(time.Duration(*connectSeconds * float64(time.Second)))
 	for i := 0; i < len(subs); i += 250 { // in waves of 250, as fanout.py connects
 		end := i + 250
 		if end > len(subs) {
@@ -264,7 +281,7 @@ func main() {
 		}
 		waved := make(chan struct{})
 		go func() { wave.Wait(); close(waved) }()
-		select { // every one has its headers, or gave up (50 attempts); fanout.py waits 60 s
+		select { // every one has its headers (200), or gave up (50 attempts); as fanout.py waits
 		case <-waved:
 		case <-time.After(time.Until(connectBy)):
 		}
@@ -330,6 +347,7 @@ func main() {
 		}
 		r.Duplicated += s.duplicates
 		r.Reconnects += s.reconnects
+		r.Refused += s.refused
 	}
 	json.NewEncoder(out).Encode(r)
 	out.Flush()
