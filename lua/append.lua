@@ -65,7 +65,7 @@ end
 -- The stream whose keys are bound now (append_stream) and what its appends did. Kept
 -- here, not in closures made per stream: a call carries appends to up to hundreds of
 -- streams, one each as often as not, and the closures with the notice's tables cost
--- ~2 of the ~13 µs of Lua such an append took (loadtest/results/profile.md).
+-- ~2 of the ~13 µs of Lua such an append took (docs/benchmarks.md, fifth round).
 local m  -- its meta (load_meta)
 local changed  -- an append changed it: its notice goes out
 local appended  -- ARGV indices of the entries appended (their sizes), for the notice
