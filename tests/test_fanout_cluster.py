@@ -113,6 +113,7 @@ async def confirmed(watch: Watch) -> None:
 async def append_reaches(publisher: RedisCluster | Redis, sid: str, watch: Watch, position: int) -> None:
     """Publish a one-byte append's notice with SPUBLISH: the subscription is on the slot's
     owner (one client there heard it), and the waiting reader learns of the append."""
+    watch.reading()  # the reader read Redis (at its position): notices from now on apply
     notice = b"%d %d 0 1\nx" % (position, position + 1)
     assert await publisher.spublish(channel(sid), notice) == 1, "no subscriber on the slot's owner"
     assert await watch.wait(WAKE_SECONDS), "the reader was not woken by the notice"
@@ -340,6 +341,7 @@ async def test_nodes_without_sharded_pubsub_get_classic_subscriptions(
                 for other in cluster.primaries:
                     assert subscribers(cluster, other, sid, sharded=False) == (1 if other is node else 0)
             for position, (sid, watch) in enumerate(watches.items()):
+                watch.reading()  # the reader read Redis (at its position): notices from now on apply
                 notice = b"%d %d 0 1\nx" % (position, position + 1)
                 await publisher.publish(channel(sid), notice)  # on some node: every node hears it
                 assert await watch.wait(WAKE_SECONDS)

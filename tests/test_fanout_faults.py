@@ -153,6 +153,7 @@ async def pubsub_clients(redis: aioredis.Redis) -> set[int]:
 
 async def append_reaches(redis: aioredis.Redis, sid: str, watch: Watch, position: int) -> bool:
     """Publish a one-byte append's notice: does the waiting reader learn of it?"""
+    watch.reading()  # the reader read Redis (at its position): notices from now on apply
     await redis.publish(keys.notify_channel(sid), b"%d %d 0 1\nx" % (position, position + 1))
     if not await watch.wait(WAKE_SECONDS):
         return False
@@ -262,12 +263,12 @@ async def test_an_append_between_an_sse_readers_first_read_and_its_registration(
             register = gw.fanout.watch
 
             @contextlib.asynccontextmanager
-            async def watch_after_an_append(sid: str) -> AsyncIterator[Watch]:
+            async def watch_after_an_append(sid: str, read_at: float = 0.0) -> AsyncIterator[Watch]:
                 await gw.store.append(
                     sid, "text/plain", [(7, b"between")], close=False, stream_seq=None, producer=None
                 )
                 await asyncio.sleep(0.2)  # its notice reaches the readers registered now
-                async with register(sid) as watch:
+                async with register(sid, read_at) as watch:
                     yield watch
 
             gw.fanout.watch = watch_after_an_append  # type: ignore[method-assign]

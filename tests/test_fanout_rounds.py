@@ -6,16 +6,19 @@ Once one pass wrote to every reader before the listener read on and then rested 
 as it had worked: at 10,000 SSE readers a notice waited for the pass under way, the rest,
 and its own pass (ack p99 ~240 ms here); now about one round (~126 ms). Around the rounds:
 channels take turns, a deletion wakes everyone (a stream created anew is never written to
-readers of the old one), a round keeps the notices it still owes, a reader that
-raises does not stop the round, and a lost connection wakes the readers not yet reached.
+readers of the old one, nor handed to them from its notices), a round keeps the notices it
+still owes, a reader that raises does not stop the round, and a lost connection wakes the
+readers not yet reached.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 
 from gateway.live import listener
-from gateway.live.channels import Channel
+from gateway.live.channels import Channel, Shutdown, Watch
+from gateway.live.timers import Wheel
 from gateway.protocol import notices
 
 
@@ -129,6 +132,27 @@ async def test_a_deleted_stream_created_anew_is_not_written_to_readers_of_the_ol
         channel.serve(10)
     assert event.is_set() and plain.is_set() and sink.written == [] and not channel.parked
 
+
+
+async def test_a_woken_reader_of_a_deleted_stream_reads_redis_not_the_new_ones_notices() -> None:
+    """A reader not parked (or not yet back from its wake) asks the notices itself: after a
+    deletion, those of the stream created anew may chain on from its offset by chance (the
+    old stream's tail 5, the new one's second append from 5 on): it must read Redis, and
+    only once it has do the notices serve it again."""
+    channel = Channel(asyncio.get_running_loop().create_future())
+    channel.confirm()
+    watch = Watch(Shutdown(), channel, Wheel(), read_at=time.monotonic())
+    channel.waiters.add(watch)
+    channel.notify(_notice(0, b"hello"))
+    assert watch.delivery(0) is not None  # the old stream's notices serve it
+    channel.notify(None)  # deleted
+    channel.notify(_notice(0, b"ABCDE"))  # created again, appended to
+    channel.notify(_notice(5, b"FGHIJ"))
+    assert channel.recent.delivery(5) is not None  # the chance chaining
+    assert watch.delivery(5) is None  # read Redis
+    watch.reading()  # it did (and found the stream it followed gone, or went on from there)
+    delivery = watch.delivery(5)
+    assert delivery is not None and delivery.entries == ((5, b"FGHIJ"),)
 
 async def test_a_long_round_keeps_the_notices_it_still_has_to_deliver() -> None:
     """Appends of 4 KB arriving during a round of 1,000 readers: beyond Recent's usual 64

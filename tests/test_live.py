@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -10,6 +11,8 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
+from gateway.http.context import GATEWAY
+from gateway.live.channels import Watch
 from gateway.protocol import offsets
 
 from .conftest import start_gateway
@@ -304,3 +307,46 @@ async def test_a_burst_of_readers_waits_for_redis_connections(redis_url: str) ->
                 r.close()
     finally:
         await gateway.close()
+
+
+@pytest.mark.parametrize("live", ["long-poll", "sse"])
+async def test_a_reader_of_a_stream_deleted_and_created_anew_ends(redis_url: str, live: str) -> None:
+    """A live reader at offset 5 of a stream that is deleted and created anew while it
+    registers (the new one appended "ABCDE", then "FGHIJ": from offset 5 on by chance)
+    must not be handed the new stream's bytes as the old one's: it ends as if it had seen
+    the deletion alone (long-poll 404; the event stream ends without another event)."""
+    server = await start_gateway(redis_url, sse_cycle_seconds=30.0)
+    gw = server.app[GATEWAY]
+    url = str(server.make_url(f"/v1/stream/renewed-{uuid.uuid4().hex[:8]}"))
+    async with aiohttp.ClientSession() as http:
+        try:
+            await (await http.put(url, headers=TEXT, data=b"hello")).release()
+            register = gw.fanout.watch
+
+            @contextlib.asynccontextmanager
+            async def watch_after_a_new_stream(sid: str, read_at: float = 0.0) -> AsyncIterator[Watch]:
+                async with register(sid, read_at) as watch:
+                    await (await http.delete(url)).release()
+                    await (await http.put(url, headers=TEXT)).release()
+                    for data in (b"ABCDE", b"FGHIJ"):
+                        await (await http.post(url, headers=TEXT, data=data)).release()
+                    await asyncio.sleep(0.2)  # their notices reach the channel
+                    yield watch
+
+            gw.fanout.watch = watch_after_a_new_stream  # type: ignore[method-assign]
+            offset = offsets.encode(5)
+            params = {"offset": offset, "live": live}
+            async with http.get(url, params=params, timeout=aiohttp.ClientTimeout(total=10)) as r:
+                if live == "long-poll":
+                    assert r.status == 404, (r.status, await r.read())
+                else:
+                    assert r.status == 200
+                    body = b""
+                    with contextlib.suppress(TimeoutError):  # (it once went on, past the new bytes)
+                        async with asyncio.timeout(5):
+                            async for data in r.content.iter_any():
+                                body += data
+                    assert b"FGHIJ" not in body and b"RkdISUo" not in body, body  # nor in base64
+                    assert r.content.at_eof(), "the event stream went on"
+        finally:
+            await server.close()

@@ -18,7 +18,7 @@ from ..protocol.jsonmode import json_body
 from ..protocol.models import Chunk
 from ..protocol.notices import Delivery
 from ..protocol.sse import comment, control_event, cut_character, events
-from ..redis_io.outcomes import UNAVAILABLE
+from ..redis_io.outcomes import UNAVAILABLE, not_found
 from .context import Gateway
 
 _RETRY_SECONDS = 0.25
@@ -83,13 +83,23 @@ def _whole_characters(chunk: Chunk, text: bool) -> Chunk:
     return Chunk(chunk.meta, chunk.start, entries)
 
 
+async def _reread(gw: Gateway, sid: str, watch: Watch, chunk: Chunk, start: int) -> Chunk:
+    """The stream from ``start`` on, read from Redis (shared with this process's other
+    readers at the same offset), as the stream ``chunk`` was read from: one deleted and
+    created anew meanwhile is not the stream the reader followed (its offsets started
+    over), so it ends as if the deletion had been seen alone (404)."""
+    found = await gw.store.read_shared(sid, start, watch.reading())
+    if found.meta.created != chunk.meta.created:
+        raise not_found("missing")
+    return found
+
+
 async def _after(gw: Gateway, sid: str, watch: Watch, chunk: Chunk) -> Chunk:
     """What follows ``chunk``: straight from the pub/sub notices when they carry
-    all of it (small appends, nothing missed), else one read shared with this
-    process's other readers at the same offset."""
+    all of it (small appends, nothing missed), else read from Redis (``_reread``)."""
     delivery = watch.delivery(chunk.end)
     if delivery is None:
-        return await gw.store.read_shared(sid, chunk.end, watch.since)
+        return await _reread(gw, sid, watch, chunk, chunk.end)
     key = ("chunk", chunk.meta.sid, chunk.meta.created)  # one Chunk for all readers it reaches
     shared = delivery.cache.get(key)
     if shared is None:
@@ -116,16 +126,17 @@ async def long_poll(
     If Redis goes away while we wait, we keep trying until the timeout and then
     answer with the last tail we knew; the client simply polls again.
     """
-    chunk = await gw.store.read_shared(sid, start, time.monotonic())
+    first_read = time.monotonic()
+    chunk = await gw.store.read_shared(sid, start, first_read)
     if not chunk.entries and not chunk.meta.closed:
         loop = asyncio.get_running_loop()
         deadline = _deadline(loop, gw.settings.long_poll_timeout, until)
-        async with gw.fanout.watch(sid) as watch:
+        async with gw.fanout.watch(sid, first_read) as watch:
             recheck = True  # after subscribing, look once more: nothing slips by
             while True:
                 try:
                     if recheck:
-                        chunk = await gw.store.read_shared(sid, chunk.start, watch.since)
+                        chunk = await _reread(gw, sid, watch, chunk, chunk.start)
                     else:
                         chunk = await _after(gw, sid, watch, chunk)
                 except UNAVAILABLE:
@@ -221,7 +232,7 @@ async def sse(
     deadline = _deadline(loop, gw.settings.sse_cycle_seconds * random.uniform(0.75, 1.0), until)
 
     try:
-        async with gw.fanout.watch(sid) as watch:
+        async with gw.fanout.watch(sid, first_read) as watch:
             await _send(gw, response, chunk, text, cursor)
             sink = _SseSink(transport, text=text, is_json=chunk.meta.is_json, cursor=cursor, chunked=chunked)
             # The first read came before the registration: an append in between reaches only

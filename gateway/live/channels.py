@@ -72,6 +72,10 @@ class Channel:
     recent: notices.Recent = field(default_factory=notices.Recent)
     parked: dict[Waiter, Sink] = field(default_factory=dict)
     sent_ms: int | None = None  # Redis' clock when the newest notice was published (notices.py)
+    # time.monotonic() when the channel last lost track (a None notice: a deletion; or a
+    # (re)subscription): what a reader read from Redis before then may be of another
+    # incarnation of the stream, and the notices since may chain on from its offset by chance
+    reset_at: float = 0.0
     # The round over the waiters (``serve``): who it visits, how far it got, and whether
     # notices came that the waiters it already visited have not had.
     round: list[Waiter] | None = None
@@ -81,13 +85,13 @@ class Channel:
     def confirm(self) -> None:
         """Redis confirmed the subscription (a first one, or after a reconnect or a move to
         another cluster node): every reader re-reads, as anything published while we were
-        not subscribed is unknown, and only now can nothing more slip by."""
-        self.recent.clear()
-        self.notified_at = time.monotonic()
+        not subscribed is unknown, and only now can nothing more slip by. None is written
+        to (nor handed notices) before it has re-read: the stream may have been deleted
+        and created anew meanwhile."""
+        self.notified_at = self.reset_at = time.monotonic()
         if not self.confirmed.done():
             self.confirmed.set_result(None)
-        for event in self.waiters:
-            event.set()
+        self.abandon()
 
     def unconfirm(self) -> None:
         """The subscription is gone (connection lost, or the channel is moving to another
@@ -106,6 +110,8 @@ class Channel:
         # Nobody waiting (lingering after its last reader left, fanout.py): a history would
         # only hold memory (it held every lingering stream's last notices), and a reader
         # that comes re-reads Redis after registering anyway.
+        if notice is None:
+            self.reset_at = self.notified_at
         if notice is None or not self.waiters:
             self.abandon()
             return
@@ -216,13 +222,14 @@ class Watch:
     end on the fan-out's timer wheel: an idle reader keeps this object and, while it
     waits, one future; nothing else of its own."""
 
-    __slots__ = ("_shutdown", "_wheel", "_channel", "_confirmed_at", "_set", "_waiter")
+    __slots__ = ("_shutdown", "_wheel", "_channel", "_confirmed_at", "_read_at", "_set", "_waiter")
 
-    def __init__(self, shutdown: Shutdown, channel: Channel, wheel: Wheel) -> None:
+    def __init__(self, shutdown: Shutdown, channel: Channel, wheel: Wheel, read_at: float = 0.0) -> None:
         self._shutdown = shutdown
         self._wheel = wheel
         self._channel = channel
         self._confirmed_at = time.monotonic()
+        self._read_at = read_at  # see reading()
         self._set = False  # woken since the last wait returned
         self._waiter: asyncio.Future[None] | None = None  # while waiting
 
@@ -253,9 +260,20 @@ class Watch:
         something: a notice or (re)subscription since, or no subscription yet."""
         return self._channel.notified_at >= moment or not self._channel.confirmed.done()
 
+    def reading(self) -> float:
+        """The reader reads Redis now: returns ``since`` for the read (read_shared), and
+        remembers it, as the moment its offset was last known good (``delivery``)."""
+        self._read_at = self.since
+        return self._read_at
+
     def delivery(self, start: int) -> notices.Delivery | None:
         """What the latest notices say happened from ``start`` on, when they
-        say all of it (small appends, nothing missed); else None: read Redis."""
+        say all of it (small appends, nothing missed); else None: read Redis.
+        None too once the stream was deleted since the reader last read Redis: the
+        notices may be of the stream created anew, whose offsets start over (one
+        that chains on from ``start`` would hand it another stream's data)."""
+        if self._channel.reset_at > self._read_at:
+            return None
         return self._channel.recent.delivery(start)
 
     def park(self, sink: Sink, timeout: float) -> Coroutine[Any, Any, bool]:

@@ -126,11 +126,12 @@ class Fanout:
         as soon as appends are acknowledged again."""
         self._subscriber.reachable(node)
 
-    def watch(self, sid: str) -> _Registration:
+    def watch(self, sid: str, read_at: float = 0.0) -> _Registration:
         """``async with fanout.watch(sid) as watch``: a live reader of stream ``sid``,
         registered on entry (which returns once Redis confirmed the channel's
-        subscription, or after 5 s without Redis) and until exit."""
-        return _Registration(self, sid)
+        subscription, or after 5 s without Redis) and until exit. ``read_at``: when
+        (time.monotonic()) the read began whose offset it goes on from (Watch.reading)."""
+        return _Registration(self, sid, read_at)
 
     def _register(self, reader: Watch, sid: str) -> Channel:
         name = keys.notify_channel(sid)
@@ -189,9 +190,10 @@ class _Registration(Watch):
 
     __slots__ = ("_fanout", "_sid")
 
-    def __init__(self, fanout: Fanout, sid: str) -> None:
+    def __init__(self, fanout: Fanout, sid: str, read_at: float) -> None:
         self._fanout = fanout
         self._sid = sid
+        self._read_at = read_at
         # The channel is looked up (and subscribed) on entry, as before.
         self._shutdown = fanout._shutdown
         self._wheel = fanout._wheel
