@@ -60,6 +60,7 @@ class Subscriber:
     duplicates: int = 0
     reconnects: int = 0
     refused: int = 0  # responses other than 200 (a server at a limit, a wrong path): retried
+    connected: bool = False  # had a 200 (counted connected once, however often it reconnects)
     offset: str = "now"
 
 
@@ -121,7 +122,7 @@ class _SseClient(asyncio.Protocol):
                 self.refused = True
                 self.transport.close()
                 return
-            self.on_ready()
+            self.on_ready(self.sub)
             buffer = buffer[end + 4 :]
         sub, i = self.sub, 0
         while True:
@@ -155,9 +156,11 @@ async def _subscribe_all(subs: list[Subscriber], host: str, port: int, path: str
     connected = 0
     pending: asyncio.Queue[Subscriber] = asyncio.Queue()
 
-    def ready() -> None:
+    def ready(sub: Subscriber) -> None:
         nonlocal connected
-        connected += 1
+        if not sub.connected:
+            sub.connected = True
+            connected += 1
 
     def lost(sub: Subscriber, refused: bool) -> None:
         if stop.is_set():

@@ -18,6 +18,7 @@
 --   takes, its bytes; see add_entries).
 -- KEYS: the five stream keys, 6 its subscription links, 7 its slot's stream index
 --   (keys.stream_index: the stream is listed there while it lives), 8 its slot's outbox.
+-- Publishes 'created' on the stream's notify channel when it makes the stream.
 -- Returns {'created', meta} | {'exists', meta} | {'conflict', source (the existing
 --   stream's source id, or '')} | {'precondition_failed', tail, created} (If-Match names
 --   another state; tail and created '' when there is no stream: it is not made).
@@ -63,4 +64,7 @@ redis.call('HSET', META, unpack(flat(m)))
 redis.call('ZADD', INDEX, 0, stream_sid())
 if m.exp then apply_expiry(m) end
 record_for_subscribers(ARGV[16] == '1')
+-- Readers of an earlier stream of this name may still wait on the channel: one that expired
+-- announces nothing. Unparsable, the notice makes them read Redis (gateway/live/channels.py).
+publish('created')
 return {'created', flat(m)}

@@ -133,7 +133,6 @@ async def test_a_deleted_stream_created_anew_is_not_written_to_readers_of_the_ol
     assert event.is_set() and plain.is_set() and sink.written == [] and not channel.parked
 
 
-
 async def test_a_woken_reader_of_a_deleted_stream_reads_redis_not_the_new_ones_notices() -> None:
     """A reader not parked (or not yet back from its wake) asks the notices itself: after a
     deletion, those of the stream created anew may chain on from its offset by chance (the
@@ -153,6 +152,7 @@ async def test_a_woken_reader_of_a_deleted_stream_reads_redis_not_the_new_ones_n
     watch.reading()  # it did (and found the stream it followed gone, or went on from there)
     delivery = watch.delivery(5)
     assert delivery is not None and delivery.entries == ((5, b"FGHIJ"),)
+
 
 async def test_a_long_round_keeps_the_notices_it_still_has_to_deliver() -> None:
     """Appends of 4 KB arriving during a round of 1,000 readers: beyond Recent's usual 64

@@ -15,7 +15,7 @@ from gateway.http.context import GATEWAY
 from gateway.live.channels import Watch
 from gateway.protocol import offsets
 
-from .conftest import start_gateway
+from .conftest import serving, start_gateway
 
 TEXT = {"Content-Type": "text/plain"}
 
@@ -309,12 +309,26 @@ async def test_a_burst_of_readers_waits_for_redis_connections(redis_url: str) ->
         await gateway.close()
 
 
+async def _rest_of(response: aiohttp.ClientResponse, seconds: float = 5.0) -> bytes:
+    """What an event stream sends until it ends (or ``seconds`` pass: it did not end)."""
+    body = b""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(seconds):
+            async for data in response.content.iter_any():
+                body += data
+    return body
+
+
 @pytest.mark.parametrize("live", ["long-poll", "sse"])
-async def test_a_reader_of_a_stream_deleted_and_created_anew_ends(redis_url: str, live: str) -> None:
+@pytest.mark.parametrize("appends", [(b"ABCDE", b"FGHIJ"), (b"AB",)], ids=["longer", "shorter"])
+async def test_a_reader_of_a_stream_deleted_and_created_anew_ends(
+    redis_url: str, live: str, appends: tuple[bytes, ...]
+) -> None:
     """A live reader at offset 5 of a stream that is deleted and created anew while it
-    registers (the new one appended "ABCDE", then "FGHIJ": from offset 5 on by chance)
-    must not be handed the new stream's bytes as the old one's: it ends as if it had seen
-    the deletion alone (long-poll 404; the event stream ends without another event)."""
+    registers must not be handed the new stream's bytes as the old one's (appended "ABCDE",
+    then "FGHIJ": from offset 5 on by chance), nor be told its offset is wrong (the new one
+    shorter: 400): it ends as if it had seen the deletion alone (long-poll 404; the event
+    stream ends without a data event)."""
     server = await start_gateway(redis_url, sse_cycle_seconds=30.0)
     gw = server.app[GATEWAY]
     url = str(server.make_url(f"/v1/stream/renewed-{uuid.uuid4().hex[:8]}"))
@@ -328,25 +342,44 @@ async def test_a_reader_of_a_stream_deleted_and_created_anew_ends(redis_url: str
                 async with register(sid, read_at) as watch:
                     await (await http.delete(url)).release()
                     await (await http.put(url, headers=TEXT)).release()
-                    for data in (b"ABCDE", b"FGHIJ"):
+                    for data in appends:
                         await (await http.post(url, headers=TEXT, data=data)).release()
                     await asyncio.sleep(0.2)  # their notices reach the channel
                     yield watch
 
             gw.fanout.watch = watch_after_a_new_stream  # type: ignore[method-assign]
-            offset = offsets.encode(5)
-            params = {"offset": offset, "live": live}
+            params = {"offset": offsets.encode(5), "live": live}
             async with http.get(url, params=params, timeout=aiohttp.ClientTimeout(total=10)) as r:
                 if live == "long-poll":
                     assert r.status == 404, (r.status, await r.read())
                 else:
                     assert r.status == 200
-                    body = b""
-                    with contextlib.suppress(TimeoutError):  # (it once went on, past the new bytes)
-                        async with asyncio.timeout(5):
-                            async for data in r.content.iter_any():
-                                body += data
-                    assert b"FGHIJ" not in body and b"RkdISUo" not in body, body  # nor in base64
+                    body = await _rest_of(r)
+                    assert b"event: data" not in body, body
                     assert r.content.at_eof(), "the event stream went on"
         finally:
             await server.close()
+
+
+async def test_a_parked_reader_of_a_stream_that_expired_and_was_created_anew_ends(redis_url: str) -> None:
+    """An expiry announces nothing (Redis drops the keys): a parked SSE reader of a stream
+    whose TTL ran out must still not be written the bytes of the stream created anew under
+    its name ("ABCDE", then "FGHIJ": from its offset 5 on). create.lua's 'created' notice
+    wakes it to read Redis, and it ends."""
+    async with serving(redis_url, sse_cycle_seconds=30.0) as base:
+        url = f"{base}/expiring-{uuid.uuid4().hex[:8]}"
+        async with aiohttp.ClientSession() as http:
+            headers = {**TEXT, "Stream-TTL": "1"}
+            await (await http.put(url, headers=headers, data=b"hello")).release()
+            params = {"offset": offsets.encode(5), "live": "sse"}
+            async with http.get(url, params=params, timeout=aiohttp.ClientTimeout(total=15)) as r:
+                assert r.status == 200
+                await asyncio.sleep(2.0)  # parked (heartbeats only) while the stream expires
+                async with http.head(url) as gone:
+                    assert gone.status == 404
+                await (await http.put(url, headers=TEXT)).release()
+                for data in (b"ABCDE", b"FGHIJ"):
+                    await (await http.post(url, headers=TEXT, data=data)).release()
+                body = await _rest_of(r)
+                assert b"event: data" not in body, body
+                assert r.content.at_eof(), "the event stream went on"

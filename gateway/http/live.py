@@ -87,8 +87,14 @@ async def _reread(gw: Gateway, sid: str, watch: Watch, chunk: Chunk, start: int)
     """The stream from ``start`` on, read from Redis (shared with this process's other
     readers at the same offset), as the stream ``chunk`` was read from: one deleted and
     created anew meanwhile is not the stream the reader followed (its offsets started
-    over), so it ends as if the deletion had been seen alone (404)."""
-    found = await gw.store.read_shared(sid, start, watch.reading())
+    over), so it ends as if the deletion had been seen alone (404), also where the read
+    refused the offset (the new stream shorter: 400; below what it retains: 410)."""
+    try:
+        found = await gw.store.read_shared(sid, start, watch.reading())
+    except ProtocolError as refused:
+        if refused.status == 404 or (await gw.store.head(sid)).created == chunk.meta.created:
+            raise
+        raise not_found("missing") from None
     if found.meta.created != chunk.meta.created:
         raise not_found("missing")
     return found

@@ -5,7 +5,8 @@ when the script ran (the write's acknowledgement follows at once: what the fan-o
 is measured from); for appends no larger than the configured threshold it goes on with
 `` <size>,<size>,...\\n`` and the entries' bytes, so readers woken by it need no Redis read
 at all. A size is an entry's length, or ``<length>:<positions>`` for a JSON entry of several messages
-(entries.py), split into its messages here. ``deleted`` (from delete.lua) and
+(entries.py), split into its messages here. ``deleted`` (from delete.lua), ``created``
+(create.lua: an earlier stream of the name may have expired unannounced) and
 anything unparsable carry no data: readers re-read. Notices of builds before the time
 field have none (``sent_ms`` None); such a build reads a timed notice as unparsable, so
 during a rolling update its readers re-read Redis rather than miss anything.
