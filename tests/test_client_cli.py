@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -18,8 +19,9 @@ import aiohttp
 import pytest
 import redis.asyncio as aioredis
 
+from gateway.cli import client
 from gateway.cli.embedded import EmbeddedRedis
-from gateway.cli.main import main
+from gateway.cli.main import build_parser, main
 from gateway.protocol import offsets
 
 from .conftest import free_port, serving, start_gateway
@@ -388,3 +390,39 @@ async def test_doctor_names_appendfsync(cli: Cli, own_redis: EmbeddedRedis, tmp_
     assert line.startswith("warn  persistence:") and "appendfsync" in line and "always" in line
     code, out, _ = await cli("doctor", "--redis-url", f"redis://127.0.0.1:{free_port()}/0")
     assert code == 1 and out.startswith(b"fail  redis: cannot use")
+
+
+async def test_tail_ends_when_cancelled_even_if_a_library_swallowed_the_cancellation(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C cancels tail's task. Were the cancellation swallowed on its way out of a
+    response (the response then just ends, as at an SSE cycle), tail must not reconnect
+    forever: it checks its task is being cancelled before each reconnect."""
+    real_events = client._sse_events
+    swallow = True
+
+    async def swallowing(response: aiohttp.ClientResponse) -> AsyncIterator[tuple[str, str]]:
+        try:
+            async for event in real_events(response):
+                yield event
+        except asyncio.CancelledError:
+            if swallow:
+                return  # as if the server had ended the response
+            raise
+
+    monkeypatch.setattr(client, "_sse_events", swallowing)
+    async with serving(redis_url, sse_cycle_seconds=30.0) as base:
+        name = _name()
+        async with aiohttp.ClientSession() as http:
+            await (await http.put(f"{base}/{name}", headers={"Content-Type": "text/plain"})).release()
+        args = build_parser().parse_args(["tail", "--url", base, name, "--offset", "now"])
+        task = asyncio.create_task(client.tail(args))
+        await asyncio.sleep(0.5)  # following the stream, its response open
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=5)
+        swallow = False  # (so that a tail still running can be stopped: the test fails, not hangs)
+        if not done:
+            task.cancel()
+            await asyncio.wait({task}, timeout=5)
+        assert done, "tail went on after its task was cancelled"
+        assert task.cancelled()

@@ -494,7 +494,14 @@ async def tail(args: argparse.Namespace) -> int:
         failing_since: float | None = None
         pause = 0.2
         loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
         while True:
+            # Ctrl-C cancels this task (asyncio.run): a cancellation some library swallowed,
+            # ending a response early or raised as a connection error, must not become a
+            # reconnect, or tail never exits (CI once saw one not exit within 10 s).
+            if task.cancelling():
+                raise asyncio.CancelledError
             params = {"offset": offset, "live": "sse", **({"cursor": cursor} if cursor else {})}
             try:
                 async with client.session.get(
