@@ -312,9 +312,12 @@ async def test_server_address_as_url_other_prefixes(cli: Cli, redis_url: str) ->
 
 async def _tail(base: str, *args: str) -> asyncio.subprocess.Process:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DURABLE_STREAMS_")}
+    # SIGINT as a terminal gives it, whatever this process got: a suite started in the
+    # background (`cmd &` without job control) ignores SIGINT, and so would tail, rightly.
     return await asyncio.create_subprocess_exec(
         sys.executable, "-m", "gateway", "tail", "--url", base, *args, env=env,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
 
 

@@ -499,7 +499,7 @@ async def tail(args: argparse.Namespace) -> int:
         while True:
             # Ctrl-C cancels this task (asyncio.run): a cancellation some library swallowed,
             # ending a response early or raised as a connection error, must not become a
-            # reconnect, or tail never exits (CI once saw one not exit within 10 s).
+            # reconnect, or tail never exits.
             if task.cancelling():
                 raise asyncio.CancelledError
             params = {"offset": offset, "live": "sse", **({"cursor": cursor} if cursor else {})}
