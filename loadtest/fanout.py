@@ -93,9 +93,9 @@ class _SseClient(asyncio.Protocol):
     """One SSE subscriber as a bare protocol: data_received parses in place,
     with no task switch per event (the generator shares the server's cores)."""
 
-    def __init__(self, sub: Subscriber, host: str, path: str, on_ready, on_lost) -> None:
+    def __init__(self, sub: Subscriber, host: str, path: str, on_lost) -> None:
         self.sub, self.host, self.path = sub, host, path
-        self.on_ready, self.on_lost = on_ready, on_lost
+        self.on_lost = on_lost
         self.buffer = b""
         self.headers_done = False
         self.refused = False
@@ -122,7 +122,7 @@ class _SseClient(asyncio.Protocol):
                 self.refused = True
                 self.transport.close()
                 return
-            self.on_ready(self.sub)
+            self.sub.connected = True
             buffer = buffer[end + 4 :]
         sub, i = self.sub, 0
         while True:
@@ -153,14 +153,7 @@ async def _subscribe_all(subs: list[Subscriber], host: str, port: int, path: str
     """Connect every subscriber (in waves); reconnect any the server closes. ``clients``
     gets every connection made, to be closed at the end."""
     loop = asyncio.get_running_loop()
-    connected = 0
     pending: asyncio.Queue[Subscriber] = asyncio.Queue()
-
-    def ready(sub: Subscriber) -> None:
-        nonlocal connected
-        if not sub.connected:
-            sub.connected = True
-            connected += 1
 
     def lost(sub: Subscriber, refused: bool) -> None:
         if stop.is_set():
@@ -175,7 +168,7 @@ async def _subscribe_all(subs: list[Subscriber], host: str, port: int, path: str
         for _ in range(50):
             try:
                 _, client = await loop.create_connection(
-                    lambda: _SseClient(sub, host, path, ready, lost), host, port
+                    lambda: _SseClient(sub, host, path, lost), host, port
                 )
                 clients.append(client)
                 return
@@ -190,8 +183,7 @@ async def _subscribe_all(subs: list[Subscriber], host: str, port: int, path: str
             sub = await pending.get()
             await connect(sub)
 
-    task = asyncio.create_task(reconnector())
-    return (lambda: connected), task
+    return asyncio.create_task(reconnector())
 
 
 def _http(method: str, url: str, body: bytes = b"", content_type: str = "text/plain") -> None:
@@ -280,12 +272,14 @@ class _PythonSubscribers(_Subscribers):
         self._reconnector: asyncio.Task[None] | None = None
 
     async def connect(self) -> int:
-        count_connected, self._reconnector = await _subscribe_all(self.subs, *self._where, self._stop,
-                                                                  self._clients)  # fmt: skip
+        self._reconnector = await _subscribe_all(self.subs, *self._where, self._stop, self._clients)
         deadline = time.monotonic() + self._connect_seconds
-        while count_connected() < len(self.subs) and time.monotonic() < deadline:
+        while self._connected() < len(self.subs) and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
-        return count_connected()
+        return self._connected()
+
+    def _connected(self) -> int:
+        return sum(sub.connected for sub in self.subs)
 
     def begin(self) -> None:
         self._meter = ProcessMeter(os.getpid())  # the generator's CPU is this process's
