@@ -295,6 +295,9 @@ end
 -- MULTI/EXEC under WATCH of META and LOG (gateway/redis_io/parts.py): its data never passes
 -- through Lua, which hashes every string argument whole (~1.2 ms per MiB).
 local PEND_MS = 5000  -- gateway/redis_io/parts.py has it too
+-- How long create.lua remembers the created it gave (keys.stream_born): well past one
+-- millisecond and any clock step back worth guarding; short, as it is one key per stream made.
+local BORN_MS = 2000
 local PEND_FIELDS = {'pend', 'pend_at', 'pend_to', 'pend_until'}
 
 -- Drop what an unfinished large append wrote beyond the tail, a bounded amount per call

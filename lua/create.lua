@@ -17,7 +17,8 @@
 --   the prelude's if_match), 19.. entries: initial entries (pairs: the positions each
 --   takes, its bytes; see add_entries).
 -- KEYS: the five stream keys, 6 its subscription links, 7 its slot's stream index
---   (keys.stream_index: the stream is listed there while it lives), 8 its slot's outbox.
+--   (keys.stream_index: the stream is listed there while it lives), 8 the created last
+--   given at this path (keys.stream_born), 9 its slot's outbox.
 -- Publishes 'created' on the stream's notify channel when it makes the stream.
 -- Returns {'created', meta} | {'exists', meta} | {'conflict', source (the existing
 --   stream's source id, or '')} | {'precondition_failed', tail, created} (If-Match names
@@ -50,7 +51,12 @@ if status == 'ok' then
   return {'conflict', m.src or ''}
 end
 
-m = {ct = ct, ctn = ctn, base = base, tail = base, created = fmt(now)}
+-- 'created' names the incarnation (ETags, If-Match, live readers): one made at this path in
+-- the same millisecond as the last (or with the clock stepped back) takes a later one.
+local BORN = KEYS[8]
+local created = math.max(now, tonumber(redis.call('GET', BORN) or '0') + 1)
+redis.call('SET', BORN, fmt(created), 'PX', BORN_MS)
+m = {ct = ct, ctn = ctn, base = base, tail = base, created = fmt(created)}
 if ttl ~= '' then m.ttl = ttl; m.exp = fmt(now + tonumber(ttl) * 1000) end
 if expires ~= '' then m.expires = expires; m.exp = exp_at end
 if src ~= '' then

@@ -401,6 +401,30 @@ async def test_each_append_of_a_batch_is_checked_as_the_earlier_ones_left_the_st
     assert b"".join(data for _, data in chunk.entries) == b"abcde"
 
 
+async def test_a_stream_created_anew_at_once_is_another_incarnation(
+    store: Store, redis: aioredis.Redis
+) -> None:
+    """'created' names the incarnation (ETags, If-Match, live readers): a DELETE and a PUT
+    back to back land in one millisecond often enough (unix socket round trips), and a
+    stream created anew so must not take the created, so the ETags, of the one before:
+    each creation at a path takes a later one than the last (keys.stream_born)."""
+    sid = keys.stream_id(f"reborn-{uuid.uuid4().hex[:10]}")
+    seen: list[int] = []
+    for _ in range(40):
+        _, meta = await store.create(sid, CreateSpec("text/plain"))
+        seen.append(int(meta.created))
+        await store.delete(sid)
+    assert seen == sorted(set(seen)), seen  # strictly increasing
+    etags = {caching.stream_etag(sid, str(created), 0, False) for created in seen}
+    assert len(etags) == len(seen)
+    # The clock read earlier than the last created given here (stepped back): later all the same.
+    ahead = int(await redis.get(keys.stream_born(sid))) + 3_600_000
+    await redis.set(keys.stream_born(sid), ahead, px=2000)
+    _, meta = await store.create(sid, CreateSpec("text/plain"))
+    assert int(meta.created) == ahead + 1
+    assert 0 < await redis.pttl(keys.stream_born(sid)) <= 2000  # remembered briefly: one key a creation
+
+
 # -- Redis Cluster --------------------------------------------------------------
 
 

@@ -34,6 +34,14 @@ def stream_keys(sid: str) -> list[str]:
     return [f"{tag}:meta", f"{tag}:log", f"{tag}:prod", f"{tag}:forks", f"{tag}:notify"]
 
 
+def stream_born(sid: str) -> str:
+    """The ``created`` last given at this path, kept for a short while (a string with an
+    expiry; create.lua): a stream created anew there within the same millisecond (a
+    DELETE and a PUT back to back) takes a later one, so its ETags, If-Match and live
+    readers tell the two incarnations apart."""
+    return f"{PREFIX}:{{{sid}}}:born"
+
+
 def lease(sid: str) -> str:
     """Held by the archive worker working on the stream: a string holding the
     worker's token, with an expiry the worker keeps renewing. Every archive

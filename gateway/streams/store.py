@@ -196,7 +196,7 @@ class Store:
         expiry: Expiry,
         fork: ForkPlan | None,
     ) -> tuple[bool, Meta]:
-        script_keys = self.keys_with_subscribers(sid)
+        script_keys = self.keys_with_subscribers(sid, keys.stream_born(sid))
         record = await self._subscriptions.workers.alive()
         argv = CreateArgv(
             content_type=content_type,
@@ -237,14 +237,16 @@ class Store:
             )
         return status == "created", meta
 
-    def keys_with_subscribers(self, sid: str) -> list[str]:
-        """A stream's keys, its subscription links, its slot's stream index and outbox
-        (create.lua, delete.lua)."""
+    def keys_with_subscribers(self, sid: str, *more: str) -> list[str]:
+        """A stream's keys, its subscription links, its slot's stream index, ``more``
+        (create.lua: keys.stream_born), and its slot's outbox, last (the prelude's
+        OUTBOX) (create.lua, delete.lua)."""
         cluster = self._scripts.cluster
         return [
             *keys.stream_keys(sid),
             keys.stream_subs(sid),
             keys.stream_index(sid, cluster),
+            *more,
             keys.subs_outbox(sid, cluster),
         ]
 
