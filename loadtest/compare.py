@@ -39,7 +39,7 @@ import redis
 
 from . import latency
 from .appends import SCENARIOS, run_appends, run_read
-from .servers import KINDS, Running, start, use_uvloop
+from .servers import KINDS, Running, pin, start, use_uvloop
 
 CURVE = ("1w-1s-100B", "8w-1s-100B", "64w-1s-100B")  # one stream, 100 B, by writers
 
@@ -88,6 +88,9 @@ def table(results: dict[str, dict]) -> str:
             )
         rate = results[servers[0]]["latency"]["rate"]
         lines.append(f"| ack→{reader} reader at {rate:.0f}/s (send→) | " + " | ".join(row) + " |")
+    pinned = [results[s]["pinned"] for s in servers if results[s].get("pinned")]
+    if pinned:
+        lines.append("\nPinned (`--pin`): " + "; ".join(pinned) + ".")
     return "\n".join(lines) + "\n"
 
 
@@ -186,12 +189,20 @@ def main() -> None:
     parser.add_argument("--read-mb", type=int, default=256, help="catch-up read stream size (0: skip)")
     parser.add_argument("--latency-seconds", type=float, default=10.0)
     parser.add_argument("--out", default="loadtest/results/comparison")
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="each server on one CPU of its own; the load generator and ours' Redis on the others",
+    )
     args = parser.parse_args()
     use_uvloop()
     results: dict[str, dict] = {}
     for kind in args.servers.split(","):
         result: dict = {"appends": {}}
         with start(kind) as server:
+            if args.pin:
+                result["pinned"] = pin(server)
+                print(result["pinned"], flush=True)
             for scenario in SCENARIOS:
                 with FsyncStalls(server) as stalls:
                     r = asyncio.run(run_appends(server.base_url, kind, scenario, args.seconds, server.pid))

@@ -142,6 +142,36 @@ def start(kind: str, *extra_args: str) -> Iterator[Running]:
         shutil.rmtree(data_dir, ignore_errors=True)
 
 
+_CPUS = sorted(os.sched_getaffinity(0))  # what this process may use before any pin() narrowed it
+
+
+def pin(server: Running) -> str:
+    """One core for the server, the rest of the machine for everything else: its process
+    tree (every thread, gunicorn workers; threads and children made later inherit it) on
+    the first CPU this process may use; the caller (the load generator, and wrk, which it
+    starts later) and ours' embedded Redis on the others. What a server does per core,
+    with Redis and the load off its core (``--pin`` of compare and appends). Returns what
+    went where, to print."""
+    cpus = _CPUS
+    if len(cpus) < 2:
+        raise SystemExit("--pin needs at least two CPUs")
+    mine, rest = {cpus[0]}, set(cpus[1:])
+    redis = _descendants(server.pid, redis=True)
+    _set_affinity([os.getpid()], rest)
+    _set_affinity(_descendants(server.pid), mine)
+    _set_affinity(redis, rest)
+    others = ("the load generator and Redis" if redis else "the load generator") + " on CPU "
+    return f"{server.name} on CPU {cpus[0]}; {others}{','.join(map(str, sorted(rest)))}"
+
+
+def _set_affinity(pids: list[int], cpus: set[int]) -> None:
+    """Every thread of the processes on ``cpus`` (sched_setaffinity sets one thread's)."""
+    for pid in pids:
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            with contextlib.suppress(ProcessLookupError):  # a thread that just ended
+                os.sched_setaffinity(int(task.name), cpus)
+
+
 def _proc_text(path: str) -> str:
     """A /proc file's text, or "" when its process or thread has just gone (threads of a
     measured process come and go: executor threads, workers restarting)."""

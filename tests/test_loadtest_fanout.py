@@ -93,3 +93,39 @@ def test_process_meter_survives_threads_and_children_going() -> None:
         stop.set()
         churner.join()
     assert meter.cpu_used() > 0.0
+
+
+PIN_PROBE = """
+import json, os, sys
+from pathlib import Path
+from loadtest import servers
+
+def cpus(pids):
+    return sorted({c for p in pids for t in Path(f"/proc/{p}/task").glob("*")
+                   for c in os.sched_getaffinity(int(t.name))})
+
+with servers.start("ours") as server:
+    said = servers.pin(server)
+    print(json.dumps({"said": said, "server": cpus(servers._descendants(server.pid)),
+                      "redis": cpus(servers._descendants(server.pid, redis=True)),
+                      "generator": cpus([os.getpid()])}))
+"""
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="--pin needs two CPUs")
+def test_pin_gives_the_server_a_core_and_the_rest_the_others() -> None:
+    """``--pin`` (compare, appends): every thread of the server on one CPU; the load
+    generator (so wrk, which it starts) and ours' embedded Redis on the others. Run in a
+    process of its own: pinning the test process would pin the rest of the suite."""
+    import json
+    import subprocess
+    import sys
+
+    first, *rest = sorted(os.sched_getaffinity(0))
+    out = subprocess.run(
+        [sys.executable, "-c", PIN_PROBE], capture_output=True, text=True, timeout=120, check=True
+    ).stdout
+    seen = json.loads(out.strip().splitlines()[-1])
+    assert seen["server"] == [first]
+    assert seen["redis"] == rest and seen["generator"] == rest
+    assert seen["said"].startswith(f"ours on CPU {first};")
