@@ -343,9 +343,9 @@ async def test_concurrent_takes_share_round_trips_and_count_exactly(
     calls = []
     original = limiter.scripts.call
 
-    async def counting(name, keys_, args):  # type: ignore[no-untyped-def]
+    async def counting(name, keys_, args, *held):  # type: ignore[no-untyped-def]
         calls.append(len(keys_))
-        return await original(name, keys_, args)
+        return await original(name, keys_, args, *held)
 
     monkeypatch.setattr(limiter.scripts, "call", counting)
     r, client, other = rule("write:=0.001/s+10"), who(), who()

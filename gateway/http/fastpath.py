@@ -305,7 +305,9 @@ class Connection(RequestHandler):
 
         try:
             try:
-                await gw.guard.admit_append(h["Host"], h.get("Authorization"), path, address)
+                admitting = gw.guard.admit_append(h["Host"], h.get("Authorization"), path, address)
+                if admitting is not None:
+                    await admitting
                 sid = valid_stream_id(path, gw.settings.max_path_bytes)
                 asked = append_asked(h, sid)
                 if not reserved:  # (else taken as it began to arrive)

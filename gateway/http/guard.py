@@ -153,14 +153,18 @@ class Guard:
         if self.auth is not None or self.limiter is not None:
             request[PRINCIPAL] = principal
 
-    async def admit_append(
+    def admit_append(
         self, host: str, authorization: str | None, path: str, address: Callable[[], str]
-    ) -> None:
+    ) -> Awaitable[Principal] | None:
         """``admit_path`` for an append answered on its connection (fastpath.py): its request
         has no Origin and no query (so no signed URL), and write backpressure was found off
-        before. ``address``: its ``client_address``, asked only when it counts."""
+        before. ``address``: its ``client_address``, asked only when it counts. None when
+        admitted at once (no access control, no rate limits: nothing to await, every append
+        comes here); else what to await."""
         self.check_host(host)
-        await self._admit(authorization, {}, "write", path, address, paused=False)
+        if self.auth is None and self.limiter is None:
+            return None
+        return self._admit(authorization, {}, "write", path, address, paused=False)
 
     async def _admit(
         self,

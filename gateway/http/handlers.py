@@ -116,9 +116,13 @@ def _entries(
     holds (protocol/entries.py). --max-json-messages, when set, refuses larger arrays
     whole. Parsed now (a refusal raised at the call), but a large JSON body in a thread.
     ``owner``: whose bodies budget the parsed copy counts against (the request)."""
-    if media == JSON_CONTENT_TYPE and len(body) > _PARSE_INLINE_BYTES:
+    if not _parsed_inline(media, body):
         return _entries_in_thread(gw, owner, media, body, create)
     return ready(_counted(gw, owner, media, body_entries(media, body, create=create)))
+
+
+def _parsed_inline(media: str, body: bytes) -> bool:
+    return media != JSON_CONTENT_TYPE or len(body) <= _PARSE_INLINE_BYTES
 
 
 async def _entries_in_thread(
@@ -253,7 +257,10 @@ async def append_body(
         if not raw_type or not raw_type.strip():
             raise bad_request("Content-Type is required with a body")
         media = validate_content_type(raw_type)
-        entries = await _entries(gw, owner, media, body, create=False)
+        if _parsed_inline(media, body):  # (as _entries does, without a future: every append comes here)
+            entries = _counted(gw, owner, media, body_entries(media, body, create=False))
+        else:
+            entries = await _entries_in_thread(gw, owner, media, body, False)
     elif not asked.close:
         raise bad_request("empty body: send data, or Stream-Closed: true to close")
     result = await gw.store.append(

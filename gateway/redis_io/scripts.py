@@ -187,6 +187,7 @@ class Scripts:
         }
         # One Redis, no replicas to wait for: redis-py's EVALSHA, the shortest path.
         self._direct = not self.cluster and replica_ack is None
+        self._held: list[connections.Held] = []  # closed with the client
 
     @property
     def redis(self) -> Redis | RedisCluster:
@@ -225,10 +226,22 @@ class Scripts:
         return True
 
     async def aclose(self) -> None:
-        """Close the client and, on a cluster, the nodes' pools."""
+        """Close the client, the connections held (``hold``) and, on a cluster, the nodes' pools."""
+        for held in self._held:
+            await held.aclose()
         if isinstance(self.route, ClusterRoute):
             await self.route.aclose()
         await self._redis.aclose()
+
+    def hold(self) -> connections.Held | None:
+        """A connection of its own for a caller that runs one script at a time (an append
+        lane), to pass to ``run``; None where calls take another path (a cluster, replica
+        acks: see ``call``)."""
+        if not self._direct:
+            return None
+        held = connections.Held(cast(Redis, self._redis))
+        self._held.append(held)
+        return held
 
     def shas(self) -> list[str]:
         return [script.sha for script in self._scripts.values()]
@@ -245,10 +258,15 @@ class Scripts:
         if not all(await self._redis.script_exists(*self.shas())):
             await self.load()
 
-    async def call(self, name: str, script_keys: list[str], args: Sequence[Any]) -> Any:
-        """Run a script on the node serving its keys (all of one slot)."""
+    async def call(
+        self, name: str, script_keys: list[str], args: Sequence[Any], held: connections.Held | None = None
+    ) -> Any:
+        """Run a script on the node serving its keys (all of one slot); on one Redis over
+        ``held`` if given (``hold``)."""
         script = self._scripts[name]
         if self._direct:
+            if held is not None:
+                return await held.run_script(script, script_keys, args)
             return await connections.run_script(cast(Redis, self._redis), script, script_keys, args)
         one = [(script_keys, args)]
         replies = await self.route.pipeline(
@@ -304,9 +322,11 @@ class Scripts:
         self._answered()
         return replies
 
-    async def run(self, name: str, script_keys: list[str], args: Sequence[Any]) -> Any:
-        """Run a script, timed and counted in the metrics."""
-        reply = await timed(name, self.call(name, script_keys, args))
+    async def run(
+        self, name: str, script_keys: list[str], args: Sequence[Any], held: connections.Held | None = None
+    ) -> Any:
+        """Run a script, timed and counted in the metrics (over ``held``: see ``call``)."""
+        reply = await timed(name, self.call(name, script_keys, args, held))
         self._answered()
         return reply
 

@@ -147,6 +147,9 @@ class Appends:
         self.hints = hints
         self.notice_payload_bytes = notice_payload_bytes
         self._lanes = CLUSTER_APPEND_LANES if scripts.cluster else APPEND_LANES
+        # A lane has one call in flight at a time (the batcher's rule): on one Redis it keeps a
+        # connection of its own, without the pool's cost per call (connections.Held).
+        self._held = {str(lane): scripts.hold() for lane in range(self._lanes)}
         self._plain_parts = not scripts.cluster  # a large append's parts as plain commands
         # A stream's keys for append.lua, made once rather than six f-strings per append.
         self._keys: dict[str, list[str]] = {}
@@ -320,7 +323,7 @@ class Appends:
         parts = self.scripts.by_slot(list(range(len(batch))), lambda i: keys.stream_keys(batch[i][0])[0])
         calls = [self._call(batch, part) for part in parts]
         if len(parts) == 1:  # one Redis: the call's failure is every append's (raised)
-            replies = [await self.scripts.run(APPEND.name, *calls[0][:2])]
+            replies = [await self.scripts.run(APPEND.name, *calls[0][:2], self._held[lane])]
         else:
             replies = await self.scripts.run_each(APPEND.name, [call[:2] for call in calls])
         results: list[Any] = [None] * len(batch)
