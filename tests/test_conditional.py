@@ -356,7 +356,9 @@ async def test_one_racer_wins(
 
 @pytest.fixture
 async def store(redis: aioredis.Redis, tmp_path) -> AsyncIterator[Store]:
-    yield Store(Scripts(redis), ColdReader(Archive(str(tmp_path)), 1 << 20), max_chunk_bytes=1000)
+    scripts = Scripts(redis)
+    yield Store(scripts, ColdReader(Archive(str(tmp_path)), 1 << 20), max_chunk_bytes=1000)
+    await scripts.close_held()  # (the client is the fixture's)
 
 
 async def test_each_append_of_a_batch_is_checked_as_the_earlier_ones_left_the_stream(

@@ -146,3 +146,21 @@ async def test_calls_at_once_on_a_held_connection_all_run(redis_url: str) -> Non
     finally:
         await held.aclose()
         await client.aclose()
+
+
+async def test_a_held_connection_reset_by_redis_is_opened_again(redis_url: str) -> None:
+    """A connection reset (RST, not a FIN: its reader holds an error, not an EOF) is opened
+    again before the next call as well."""
+    url, name = named(redis_url)
+    client = redis_client.connect(url, max_connections=2)
+    held = redis_client.Held(client)
+    try:
+        script = client.register_script("return ARGV[1]")
+        assert await held.run_script(script, [], ["a"]) == b"a"
+        connection = held._connection
+        assert connection is not None
+        connection._reader.set_exception(ConnectionResetError("reset by peer"))  # type: ignore[attr-defined]
+        assert await held.run_script(script, [], ["b"]) == b"b"
+    finally:
+        await held.aclose()
+        await client.aclose()

@@ -35,7 +35,9 @@ async def store(request: pytest.FixtureRequest, redis: aioredis.Redis, tmp_path)
     """A Store as the app builds one; "bulk": byte reads past 0 bytes take the XRANGE path."""
     cold = ColdReader(Archive(str(tmp_path / "archive")), 1 << 20)
     inline = 1 << 20 if request.param == "inline" else 0
-    yield Store(Scripts(redis), cold, max_chunk_bytes=1000, read_inline_bytes=inline)
+    scripts = Scripts(redis)
+    yield Store(scripts, cold, max_chunk_bytes=1000, read_inline_bytes=inline)
+    await scripts.close_held()  # (the client is the fixture's)
 
 
 def parts(redis: aioredis.Redis, tmp_path) -> tuple[Scripts, Reads, Forks]:

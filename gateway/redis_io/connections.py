@@ -80,12 +80,12 @@ _CONNECT_FAILED = (RedisConnectionError, RedisTimeoutError, OSError, RuntimeErro
 
 
 async def _open(connection: AbstractConnection) -> None:
-    """Connect ``connection`` unless it is; again if the server closed it (an idle
+    """Connect ``connection`` unless it is; again if the server closed or reset it (an idle
     connection closed by a restart would take the next command and fail it as "unknown":
     redis-py's own check misses a plain EOF). ``NotSent`` when that fails."""
     reader = getattr(connection, "_reader", None)
     try:
-        if reader is not None and reader.at_eof():
+        if reader is not None and (reader.at_eof() or reader.exception() is not None):
             await connection.disconnect()
         if not connection.is_connected:
             await connection.connect()

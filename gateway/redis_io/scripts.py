@@ -12,6 +12,7 @@ the same connection, for a write, by ``WAIT`` (or ``WAITAOF``) for the replicas
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -227,11 +228,16 @@ class Scripts:
 
     async def aclose(self) -> None:
         """Close the client, the connections held (``hold``) and, on a cluster, the nodes' pools."""
-        for held in self._held:
-            await held.aclose()
+        await self.close_held()
         if isinstance(self.route, ClusterRoute):
             await self.route.aclose()
         await self._redis.aclose()
+
+    async def close_held(self) -> None:
+        """Close the connections held (``hold``); a holder used again opens its own anew."""
+        for held in self._held:
+            with contextlib.suppress(RedisError, OSError):  # closing: its fate is the same
+                await held.aclose()
 
     def hold(self) -> connections.Held | None:
         """A connection of its own for a caller that runs one script at a time (an append
