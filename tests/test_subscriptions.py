@@ -5,9 +5,11 @@ a loopback receiver (tests/webhooks.py), pull-wake through an ordinary wake stre
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -405,6 +407,50 @@ async def test_failing_receiver_is_retried_with_status_failed(
         gaps = [b.at - a.at for a, b in zip(got, got[1:], strict=False)]
         assert 0.7 <= gaps[0] <= 1.5 and 1.5 <= gaps[1] <= 3.0, gaps  # 1 s, 2 s (±20%) + a poll
         await eventually(lambda: _equals(lambda: _status(http, base, sub), "active"))
+
+
+@pytest.mark.parametrize("failure", ["500", "hang-up"])
+async def test_appends_while_the_receiver_fails_keep_to_the_retry_schedule(
+    http: aiohttp.ClientSession, base: str, worker: subprocess.Popen[bytes], failure: str
+) -> None:
+    """A failing subscription is retried 1 s, then 2 s after (section 7.1's backoff), however
+    many appends wake it meanwhile: 20 appends over a second bring no attempt forward. The
+    receiver answers 500, or hangs up on every connection."""
+    attempts: list[float] = []
+
+    def failing(_: Delivery) -> tuple[int, Any, float]:
+        attempts.append(time.monotonic())
+        return 500, {}, 0.0
+
+    def hang_up(writer: asyncio.StreamWriter) -> None:
+        attempts.append(time.monotonic())
+        writer.close()
+
+    async with contextlib.AsyncExitStack() as stack:
+        if failure == "500":
+            target = (await stack.enter_async_context(receiver(failing))).url
+        else:
+            server = await asyncio.start_server(lambda _, w: hang_up(w), "127.0.0.1", 0)
+            stack.push_async_callback(server.wait_closed)
+            stack.callback(server.close)
+            target = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/hook"
+        sub, prefix = _uid("sched"), _uid("sched")
+        await put_sub(http, base, sub, type="webhook", pattern=f"{prefix}/*", webhook={"url": target})
+        url = f"{base}/{prefix}/s"
+        await create_stream(http, url, {"n": 0})
+        await eventually(lambda: _true(bool(attempts)))
+        for n in range(20):
+            await append(http, url, {"n": n + 1})
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(2.6 - (time.monotonic() - attempts[0]))
+        times = [round(t - attempts[0], 2) for t in attempts]
+        assert len(times) <= 3, times  # the first, ~1 s, ~3 s (±20%, a poll): at most three by 2.6 s
+        assert all(b - a >= 0.7 for a, b in zip(times, times[1:], strict=False)), times
+    await http.delete(f"{base}/__ds/subscriptions/{sub}")
+
+
+async def _true(value: bool) -> bool:
+    return value
 
 
 async def _status(http: aiohttp.ClientSession, base: str, sub: str) -> str:
