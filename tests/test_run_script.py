@@ -5,8 +5,9 @@ the same answers, NOSCRIPT recovered, failures as before."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -94,73 +95,61 @@ async def evalsha_connections(client: aioredis.Redis, name: str) -> set[str]:
     return {c["id"] for c in await client.client_list() if c["name"] == name and c["cmd"] == "evalsha"}
 
 
+@contextlib.asynccontextmanager
+async def holding(url: str) -> AsyncIterator[tuple[aioredis.Redis, redis_client.Held, Any]]:
+    """A client on ``url``, a connection held of it and an echo script; closed after."""
+    client = redis_client.connect(url, max_connections=2, timeout=1.0)
+    held = redis_client.Held(client)
+    try:
+        yield client, held, client.register_script("return ARGV[1]")
+    finally:
+        await held.aclose()
+        await client.aclose()
+
+
 async def test_a_held_connection_closed_by_redis_is_opened_again(redis_url: str) -> None:
     """An idle held connection that Redis closed (a restart, a CLIENT KILL, a timeout) is
     opened again before the next call, which runs (not failed as of unknown outcome)."""
     url, name = named(redis_url)
-    client = redis_client.connect(url, max_connections=2)
-    held = redis_client.Held(client)
-    try:
-        script = client.register_script("return ARGV[1]")
-        assert await held.run_script(script, [], ["a"]) == b"a"
-        assert await held.run_script(script, [], ["b"]) == b"b"
+    async with holding(url) as (client, held, echo):
+        assert await held.run_script(echo, [], ["a"]) == b"a"
+        assert await held.run_script(echo, [], ["b"]) == b"b"
         (first,) = await evalsha_connections(client, name)  # one connection, kept
         await client.client_kill_filter(_id=first)
         await asyncio.sleep(0.2)  # its EOF reaches the held connection
-        assert await held.run_script(script, [], ["c"]) == b"c"
+        assert await held.run_script(echo, [], ["c"]) == b"c"
         (second,) = await evalsha_connections(client, name)
         assert second != first
-    finally:
-        await held.aclose()
-        await client.aclose()
+
+
+async def test_a_held_connection_reset_by_redis_is_opened_again(redis_url: str) -> None:
+    """A connection reset (RST, not a FIN: its reader holds an error, not an EOF) is opened
+    again before the next call as well."""
+    async with holding(redis_url) as (_, held, echo):
+        assert await held.run_script(echo, [], ["a"]) == b"a"
+        connection = held._connection
+        assert connection is not None
+        connection._reader.set_exception(ConnectionResetError("reset by peer"))  # type: ignore[attr-defined]
+        assert await held.run_script(echo, [], ["b"]) == b"b"
 
 
 async def test_a_held_connection_that_cannot_connect_sent_nothing() -> None:
-    client = redis_client.connect("redis://127.0.0.1:1", max_connections=1, timeout=1.0)
-    held = redis_client.Held(client)
-    try:
+    async with holding("redis://127.0.0.1:1") as (_, held, echo):
         with pytest.raises(redis_client.NotSent):
-            await held.run_script(client.register_script("return 1"), [], [])
-    finally:
-        await held.aclose()
-        await client.aclose()
+            await held.run_script(echo, [], ["x"])
 
 
 async def test_calls_at_once_on_a_held_connection_all_run(redis_url: str) -> None:
     """A lane sends one call at a time; should several come at once, the others take the
     pool rather than a reply meant for the first. Closing the holder closes its connection."""
     url, name = named(redis_url)
-    client = redis_client.connect(url, max_connections=2)
-    held = redis_client.Held(client)
-    try:
-        script = client.register_script("return ARGV[1]")
-        assert await held.run_script(script, [], ["alone"]) == b"alone"
+    async with holding(url) as (client, held, echo):
+        assert await held.run_script(echo, [], ["alone"]) == b"alone"
         (own,) = await evalsha_connections(client, name)
-        replies = await asyncio.gather(*(held.run_script(script, [], [str(i)]) for i in range(8)))
+        replies = await asyncio.gather(*(held.run_script(echo, [], [str(i)]) for i in range(8)))
         assert replies == [str(i).encode() for i in range(8)]
         assert own in await evalsha_connections(client, name)
         assert len(await evalsha_connections(client, name)) >= 2, "every call went over the held connection"
         await held.aclose()
         await asyncio.sleep(0.1)
         assert own not in {c["id"] for c in await client.client_list()}, "the held connection is open"
-    finally:
-        await held.aclose()
-        await client.aclose()
-
-
-async def test_a_held_connection_reset_by_redis_is_opened_again(redis_url: str) -> None:
-    """A connection reset (RST, not a FIN: its reader holds an error, not an EOF) is opened
-    again before the next call as well."""
-    url, name = named(redis_url)
-    client = redis_client.connect(url, max_connections=2)
-    held = redis_client.Held(client)
-    try:
-        script = client.register_script("return ARGV[1]")
-        assert await held.run_script(script, [], ["a"]) == b"a"
-        connection = held._connection
-        assert connection is not None
-        connection._reader.set_exception(ConnectionResetError("reset by peer"))  # type: ignore[attr-defined]
-        assert await held.run_script(script, [], ["b"]) == b"b"
-    finally:
-        await held.aclose()
-        await client.aclose()
