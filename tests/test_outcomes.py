@@ -33,6 +33,13 @@ async def test_stalled_redis_means_outcome_unknown(
     try:
         async with http.put(url, headers=TEXT) as r:
             assert r.status == 201
+        # An append elsewhere first: appends go over their lane's own connection, opened by
+        # the first (on a Redis stalled already, opening it fails: nothing sent, 503).
+        warm = str(gateway.make_url("/v1/stream/stalled-warm"))
+        async with http.put(warm, headers=TEXT) as r:
+            assert r.status == 201
+        async with http.post(warm, data=b"w", headers=TEXT) as r:
+            assert r.status == 204
         os.kill(own_redis.process.pid, signal.SIGSTOP)
         try:
             async with http.post(url, data=b"producer;", headers={**TEXT, **producer}) as r:
