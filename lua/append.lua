@@ -147,8 +147,10 @@ local function append_one(ctn, close, sseq, pid, ep, sq, im, eo, token, total, f
       'pend_to', fmt(tonumber(m.tail) + tonumber(total)), 'pend_until', fmt(now + PEND_MS))
     return {'pending', m.tail}
   end
-  for i = first, last, 2 do appended[#appended + 1] = i end
   commit(m, tail, sseq, close, tuple, pid, ep, sq)
+  -- Its entries ride the notice only once committed: one whose commit failed (an error
+  -- after its XADDs, 'partial') must not reach readers beside the appends that did.
+  for i = first, last, 2 do appended[#appended + 1] = i end
   changed = true
   return {'ok', m.tail, close and '1' or '0', m.created}
 end

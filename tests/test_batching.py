@@ -5,11 +5,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import uuid
 
 import aiohttp
 
 from gateway.concurrency.batching import Batcher
+from gateway.features.hints import Hints
 from gateway.redis_io import keys
+from gateway.redis_io.lua import source
+from gateway.redis_io.scripts import Scripts
+from gateway.streams.appends import AppendRequest, Appends
 
 from .test_live import evalsha_calls, read_sse
 
@@ -230,3 +235,46 @@ async def test_appends_to_many_streams_go_in_one_call_each_checked_alone(http, u
                 live += data
     assert sorted(live.rstrip(";").split(";")) == [f"{names[3][-2:]}:{k}" for k in range(3)]
     watched.close()
+
+
+# The commit of an append of exactly 4 bytes fails, after its entries went in: the 'partial'
+# case append.lua reports (an error between an append's writes), injected for the test.
+FAILING_COMMIT = """
+do
+  local real_commit = commit
+  commit = function(m, tail, ...)
+    if tonumber(tail) - tonumber(m.tail) == 4 then error('injected after the entries') end
+    return real_commit(m, tail, ...)
+  end
+end
+"""
+
+
+async def test_an_append_whose_commit_failed_rides_no_notice(redis) -> None:
+    """In one append.lua call, an append that failed after writing its entries ('partial')
+    must not put its bytes in the notice the appends before it publish: live readers would
+    take them for the stream's (the notice says where its bytes start and end)."""
+    sid = keys.stream_id(f"partial-{uuid.uuid4().hex[:8]}")
+    meta, _, _, _, channel = keys.stream_keys(sid)
+    await redis.hset(meta, mapping={"ct": "text/plain", "ctn": "text/plain", "base": "0", "tail": "0",
+                                    "created": "1"})  # fmt: skip
+    text = source("append")
+    body = "local now = now_ms()\n"
+    assert text.count(body) == 1
+    script = redis.register_script(text.replace(body, FAILING_COMMIT + body))
+    requests = [AppendRequest("text/plain", False, "", None, [(len(d), d)]) for d in (b"ok", b"FAIL")]
+    appends = Appends(Scripts(redis), Hints(redis, enabled=False), 8192)
+    script_keys, args, _ = appends._call([(sid, r, r.encoded_args()) for r in requests], [0, 1])
+    pubsub = redis.pubsub()
+    await pubsub.subscribe(channel)
+    try:
+        await pubsub.get_message(timeout=1.0)  # the subscription's confirmation
+        replies = await script(script_keys, args)
+        assert replies[0][0] == b"ok" and replies[1][:2] == [b"error", b"partial"], replies
+        notice = await pubsub.get_message(ignore_subscribe_messages=True, timeout=2.0)
+        assert notice is not None
+        head, _, data = notice["data"].partition(b"\n")
+        assert head.startswith(b"0 2 0 ") and data == b"ok", notice["data"]
+    finally:
+        await pubsub.aclose()
+        await redis.delete(*keys.stream_keys(sid)[:4])
