@@ -31,7 +31,7 @@ from pathlib import Path
 
 import aiohttp
 
-from .servers import KINDS, ProcessMeter, client_headers, pin, start, use_uvloop
+from .servers import KINDS, ProcessMeter, add_pin_option, client_headers, pin, start, use_uvloop
 
 # name: (writers, streams, body bytes, idempotent producer headers)
 SCENARIOS = {
@@ -304,11 +304,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0, help="seconds per append scenario")
     parser.add_argument("--read-mb", type=int, default=256, help="size of the catch-up read stream (0: skip)")
     parser.add_argument("--out", default="loadtest/results/appends.json")
-    parser.add_argument(
-        "--pin",
-        action="store_true",
-        help="each server on one CPU of its own; the load generator and ours' Redis on the others",
-    )
+    add_pin_option(parser)
     args = parser.parse_args()
     use_uvloop()
     results: list[dict] = []

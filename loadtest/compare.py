@@ -39,7 +39,7 @@ import redis
 
 from . import latency
 from .appends import SCENARIOS, run_appends, run_read
-from .servers import KINDS, Running, pin, start, use_uvloop
+from .servers import KINDS, Running, add_pin_option, pin, start, use_uvloop
 
 CURVE = ("1w-1s-100B", "8w-1s-100B", "64w-1s-100B")  # one stream, 100 B, by writers
 
@@ -189,11 +189,7 @@ def main() -> None:
     parser.add_argument("--read-mb", type=int, default=256, help="catch-up read stream size (0: skip)")
     parser.add_argument("--latency-seconds", type=float, default=10.0)
     parser.add_argument("--out", default="loadtest/results/comparison")
-    parser.add_argument(
-        "--pin",
-        action="store_true",
-        help="each server on one CPU of its own; the load generator and ours' Redis on the others",
-    )
+    add_pin_option(parser)
     args = parser.parse_args()
     use_uvloop()
     results: dict[str, dict] = {}

@@ -8,6 +8,7 @@ every write; ``ours-2workers``: the same with ``--workers 2`` (gunicorn).
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -143,6 +144,15 @@ def start(kind: str, *extra_args: str) -> Iterator[Running]:
 
 
 _CPUS = sorted(os.sched_getaffinity(0))  # what this process may use before any pin() narrowed it
+
+
+def add_pin_option(parser: argparse.ArgumentParser) -> None:
+    """``--pin`` (``pin``), for the benchmarks that start servers."""
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="each server on one CPU of its own; the load generator and ours' Redis on the others",
+    )
 
 
 def pin(server: Running) -> str:

@@ -118,11 +118,15 @@ def _entries(
     ``owner``: whose bodies budget the parsed copy counts against (the request)."""
     if not _parsed_inline(media, body):
         return _entries_in_thread(gw, owner, media, body, create)
-    return ready(_counted(gw, owner, media, body_entries(media, body, create=create)))
+    return ready(_entries_now(gw, owner, media, body, create))
 
 
 def _parsed_inline(media: str, body: bytes) -> bool:
     return media != JSON_CONTENT_TYPE or len(body) <= _PARSE_INLINE_BYTES
+
+
+def _entries_now(gw: Gateway, owner: object, media: str, body: bytes, create: bool) -> list[LogEntry]:
+    return _counted(gw, owner, media, body_entries(media, body, create=create))
 
 
 async def _entries_in_thread(
@@ -258,7 +262,7 @@ async def append_body(
             raise bad_request("Content-Type is required with a body")
         media = validate_content_type(raw_type)
         if _parsed_inline(media, body):  # (as _entries does, without a future: every append comes here)
-            entries = _counted(gw, owner, media, body_entries(media, body, create=False))
+            entries = _entries_now(gw, owner, media, body, False)
         else:
             entries = await _entries_in_thread(gw, owner, media, body, False)
     elif not asked.close:

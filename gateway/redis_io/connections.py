@@ -6,7 +6,7 @@ must visit on each (``every_node``)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeAlias
 
 import hiredis
@@ -59,6 +59,10 @@ class NotSent(RedisConnectionError):
     that failed this way certainly did not happen (safe to retry)."""
 
 
+# What a failed connection attempt raises: nothing was sent (``NotSent``).
+_CONNECT_FAILED = (RedisConnectionError, RedisTimeoutError, OSError, RuntimeError)
+
+
 class _Pool(aioredis.BlockingConnectionPool):
     """Tells "could not connect" (nothing sent: ``NotSent``) apart from failures
     after a command was sent, whose outcome is unknown (the write may be applied)."""
@@ -74,9 +78,6 @@ class _Pool(aioredis.BlockingConnectionPool):
             await self.release(connection)
             raise
         return connection
-
-
-_CONNECT_FAILED = (RedisConnectionError, RedisTimeoutError, OSError, RuntimeError)
 
 
 async def _open(connection: AbstractConnection) -> None:
@@ -124,11 +125,19 @@ async def run_script(
     that it is never reused with an answer in flight, and on NOSCRIPT (Redis restarted and
     forgot the script: it did not run) the script loaded and sent again. No retry
     otherwise: redis-py retries nothing on this pool either (``connect``)."""
+    return await _loaded(redis, script, lambda sha: _evalsha(redis, sha, keys, args))
+
+
+async def _loaded(
+    redis: aioredis.Redis, script: AsyncScript, evalsha: Callable[[str], Awaitable[Any]]
+) -> Any:
+    """``evalsha(script's sha)``; on NOSCRIPT (Redis restarted and forgot the script: it did
+    not run) the script loaded and sent again."""
     try:
-        return await _evalsha(redis, script.sha, keys, args)
+        return await evalsha(script.sha)
     except NoScriptError:
         script.sha = await redis.script_load(script.script)
-        return await _evalsha(redis, script.sha, keys, args)
+        return await evalsha(script.sha)
 
 
 async def _evalsha(redis: aioredis.Redis, sha: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
@@ -175,12 +184,9 @@ class Held:
         try:
             if self._connection is None:
                 self._connection = self._redis.connection_pool.make_connection()
-            await _open(self._connection)
-            try:
-                return await _evalsha_on(self._connection, script.sha, keys, args)
-            except NoScriptError:
-                script.sha = await self._redis.script_load(script.script)
-                return await _evalsha_on(self._connection, script.sha, keys, args)
+            connection = self._connection
+            await _open(connection)
+            return await _loaded(self._redis, script, lambda sha: _evalsha_on(connection, sha, keys, args))
         finally:
             self._busy = False
 
