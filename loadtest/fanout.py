@@ -50,7 +50,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from .servers import KINDS, ProcessMeter, start, use_uvloop
+from .servers import KINDS, ProcessMeter, add_pin_option, pin, start, use_uvloop
 
 
 @dataclass
@@ -519,6 +519,7 @@ def main() -> None:
         action="store_true",
         help="a fresh server for every subscriber count (clean RSS figures; else one server for all)",
     )
+    add_pin_option(parser)
     args = parser.parse_args()
     counts = [int(n) for n in args.subscribers.split(",")]
     results: list[Result] = []
@@ -541,6 +542,8 @@ def main() -> None:
             label = " ".join([kind, *extra])
             for runs in [[n] for n in counts] if args.server_per_run else [counts]:
                 with start(kind, *extra) as server:
+                    if args.pin:
+                        print(pin(server), flush=True)
                     asyncio.run(bench(server.base_url, label, server.pid, runs))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
