@@ -27,6 +27,8 @@ the load generator's own CPU cost stays small next to the server's: ``--generato
 (``loadtest/ssegen``, built with the Go toolchain; the default where ``go`` is installed)
 or ``--generator python`` (asyncio protocols in this process). At 10,000 subscribers
 Python's took ~170% of this 2-core machine, more than the server it measured; Go's ~30%.
+``--pin`` gives the server one CPU of its own and the subscribers, the writer and ours'
+embedded Redis the others (``servers.pin``).
 """
 
 from __future__ import annotations

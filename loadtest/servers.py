@@ -160,7 +160,7 @@ def pin(server: Running) -> str:
     tree (every thread, gunicorn workers; threads and children made later inherit it) on
     the first CPU this process may use; the caller (the load generator, and wrk, which it
     starts later) and ours' embedded Redis on the others. What a server does per core,
-    with Redis and the load off its core (``--pin`` of compare and appends). Returns what
+    with Redis and the load off its core (``--pin`` of compare, appends and fanout). Returns what
     went where, to print."""
     cpus = _CPUS
     if len(cpus) < 2:

@@ -7,9 +7,11 @@ cycles (a short SSE cycle) must still count each message once, across reconnects
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import os
 import shutil
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
@@ -114,10 +116,9 @@ with servers.start("ours") as server:
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="--pin needs two CPUs")
 def test_pin_gives_the_server_a_core_and_the_rest_the_others() -> None:
-    """``--pin`` (compare, appends): every thread of the server on one CPU; the load
+    """``--pin`` (compare, appends, fanout): every thread of the server on one CPU; the load
     generator (so wrk, which it starts) and ours' embedded Redis on the others. Run in a
     process of its own: pinning the test process would pin the rest of the suite."""
-    import json
     import subprocess
     import sys
 
@@ -129,3 +130,24 @@ def test_pin_gives_the_server_a_core_and_the_rest_the_others() -> None:
     assert seen["server"] == [first]
     assert seen["redis"] == rest and seen["generator"] == rest
     assert seen["said"].startswith(f"ours on CPU {first};")
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="--pin needs two CPUs")
+def test_fanout_pin_runs_the_server_on_a_core_of_its_own(tmp_path: Path) -> None:
+    """``loadtest.fanout --pin``: the server pinned as above (it says where), the run
+    itself unchanged: every subscriber gets every message once."""
+    import subprocess
+    import sys
+
+    first = sorted(os.sched_getaffinity(0))[0]
+    args = ["--servers", "ours", "--subscribers", "5", "--rate", "10", "--duration", "1", "--pin"]
+    out = subprocess.run(
+        [sys.executable, "-m", "loadtest.fanout", *args, "--generator", "python", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=True,
+    ).stdout
+    assert f"ours on CPU {first};" in out
+    (row,) = json.loads((tmp_path / "fanout.json").read_text())
+    assert (row["connected"], row["messages"], row["lost"], row["duplicated"]) == (5, 10, 0, 0)
