@@ -215,6 +215,13 @@ def _cpu_seconds(pids: list[int]) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
+def _rss_kib(pid: int) -> int:
+    for line in _proc_text(f"/proc/{pid}/status").splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
 def _machine_seconds() -> tuple[float, float]:
     """All CPUs' seconds since boot, and the idle ones among them (/proc/stat)."""
     fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
@@ -245,10 +252,9 @@ class ProcessMeter:
         return idle / total if total else 0.0
 
     def rss_mb(self) -> float:
-        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-        return 0.0
+        """Resident memory of the process and its workers (gunicorn's master alone is
+        little of it), the embedded Redis not counted; one gone meanwhile counts nothing."""
+        return sum(_rss_kib(pid) for pid in _descendants(self.pid)) / 1024
 
     def sample(self) -> None:
         self.peak_rss_mb = max(self.peak_rss_mb, self.rss_mb())

@@ -97,6 +97,31 @@ def test_process_meter_survives_threads_and_children_going() -> None:
     assert meter.cpu_used() > 0.0
 
 
+def test_process_meter_counts_the_memory_of_workers_too() -> None:
+    """RSS of a server is its whole process tree (gunicorn's workers hold the connections,
+    not its master), the embedded Redis excepted: a parent whose child holds 64 MiB reads
+    at least that much more than the parent alone."""
+    import subprocess
+    import sys
+
+    from loadtest import servers
+
+    child = "b = bytearray(64 << 20); b[::4096] = b'x' * len(b[::4096]); print(1, flush=True); input()"
+    parent = (
+        "import subprocess, sys; c = subprocess.Popen([sys.executable, '-c', sys.argv[1]],"
+        " stdin=subprocess.PIPE, stdout=subprocess.PIPE); c.stdout.readline(); print(1, flush=True);"
+        " sys.stdin.readline(); c.stdin.close(); c.wait()"
+    )
+    with subprocess.Popen(
+        [sys.executable, "-c", parent, child], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    ) as proc:
+        assert proc.stdout is not None and proc.stdin is not None
+        proc.stdout.readline()  # the child holds its 64 MiB
+        alone = servers._rss_kib(proc.pid) / 1024
+        assert servers.ProcessMeter(proc.pid).rss_mb() >= alone + 60
+        proc.stdin.close()
+
+
 PIN_PROBE = """
 import json, os, sys
 from pathlib import Path
