@@ -138,6 +138,27 @@ async def test_compressed_bodies_are_inflated_within_the_limit(http, url) -> Non
         assert await r.read() == b"hello"
 
 
+async def test_a_transfer_coding_other_than_chunked_is_400_and_stores_nothing(gateway, http, url) -> None:
+    """aiohttp takes the chunked framing off a body and would leave gzip (or any other
+    transfer coding) on the bytes stored; chunked alone is a body like any other."""
+    async with http.put(url, headers=TEXT) as r:
+        assert r.status == 201
+    chunked = b"%x\r\n%b\r\n0\r\n\r\n"
+    zipped = gzip.compress(b"hello")
+    cases = [(b"gzip, chunked", chunked % (len(zipped), zipped)), (b"Chunked", chunked % (2, b"ok"))]
+    host, port = gateway.split("//", 1)[1].split("/", 1)[0].split(":")
+    statuses = []
+    for coding, body in cases:
+        reader, writer = await asyncio.open_connection(host, int(port))
+        head = f"POST {path_of(url)} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: text/plain\r\n"
+        writer.write(head.encode() + b"Transfer-Encoding: " + coding + b"\r\n\r\n" + body)
+        statuses.append(int((await asyncio.wait_for(reader.readline(), 10)).split()[1]))
+        writer.close()
+    assert statuses == [400, 204]
+    async with http.get(url, params={"offset": "-1"}) as r:
+        assert await r.read() == b"ok"
+
+
 BAD_APPEND_HEADERS = [
     [("Stream-Seq", b"\xff")],
     [("Producer-Id", b"\xff\xfe"), ("Producer-Epoch", b"0"), ("Producer-Seq", b"0")],

@@ -44,8 +44,23 @@ def test_at_most_aiohttps_number_of_fields() -> None:
 def test_incomplete_until_the_blank_line() -> None:
     for end in range(1, len(PLAIN)):
         assert parse_head(PLAIN[:end]) is None, end
-    assert parse_head(b"x" * MAX_HEAD_BYTES) is None
-    assert parse_head(b"x" * (MAX_HEAD_BYTES + 1)) is OTHER  # too long to be ours, complete or not
+    long = b"POST /" + b"x" * (MAX_HEAD_BYTES - 6)
+    assert parse_head(long) is None
+    assert parse_head(long + b"x") is OTHER  # too long to be ours, complete or not
+
+
+@pytest.mark.parametrize("start", [b"P", b"POST", b"POST ", b"POST /a", b"ABCDEFGHIJKLMNOP"])
+def test_incomplete_and_begun_as_a_request_line(start: bytes) -> None:
+    assert parse_head(start) is None
+    assert parse_head(b"...." + start, 4) is None
+
+
+@pytest.mark.parametrize("start", [b"def", b"post /", b"\r\n", b"POST/", b"ABCDEFGHIJKLMNOPQ", b"\x16\x03"])
+def test_what_cannot_begin_a_request_line_is_other_at_once(start: bytes) -> None:
+    """Say the rest of a body longer than its Content-Length, or TLS on the plain port: llhttp
+    refuses it now (400), where waiting for a blank line would hold the connection until
+    its keep-alive timeout."""
+    assert parse_head(start) is OTHER
 
 
 @pytest.mark.parametrize(

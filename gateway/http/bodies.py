@@ -6,6 +6,8 @@ became hundreds of megabytes per request. Here a body is inflated as it
 arrives with ``max_length``, so no more than ``--max-body-bytes`` is ever held,
 and refused (413) the moment it would pass it.
 
+A transfer coding other than chunked is refused (400): aiohttp would leave it on the bytes.
+
 Bounds, each answered without storing anything:
 - size: ``--max-body-bytes``, after decompression (413);
 - time: ``--body-timeout`` for the whole body (408; slow senders hold no
@@ -71,6 +73,12 @@ def read_body(
     Not a coroutine itself: an append's body (small, uncompressed, in with its headers) is
     aiohttp's own read, awaited by the caller, not three coroutines deep (each ~0.4 µs).
     Refusals found from the headers alone are raised at the call."""
+    codings = request.headers.get("Transfer-Encoding")
+    if codings is not None and any(c.strip().lower() != "chunked" for c in codings.split(",")):
+        # aiohttp's parser takes the chunked framing off and leaves any other coding (gzip,
+        # ...) on the bytes, which would be stored as they came. RFC 9112 (6.1) suggests 501;
+        # 400, as for every request this server will not take (a 5xx reads as its own fault).
+        raise ProtocolError(400, f"Transfer-Encoding {codings[:40]!r} is not supported (chunked only)")
     encoding = request.headers.get("Content-Encoding")
     encoding = encoding.strip().lower() if encoding else ""
     if encoding in ("", "identity"):

@@ -9,7 +9,8 @@ same errors (``endpoint.error_answer``), the same headers, metrics and body budg
 its answer is written to the transport directly. Anything else goes to aiohttp a
 message at a time, byte for byte as it came, and once aiohttp answered it the next
 plain POST is ours again; a message this module cannot frame gives the connection to
-aiohttp for good. Answers leave in request order (one request at a time, as aiohttp).
+aiohttp for good. Answers leave in request order (one request at a time, as aiohttp), and
+none is taken while the client reads no answers (writing paused), as aiohttp awaits the drain.
 
 Why: aiohttp's path (a Request and a StreamWriter, a task, the router, the endpoint
 wrapper, a Response prepared, its headers serialised) was over half of the ~75 µs of
@@ -178,7 +179,10 @@ class Connection(RequestHandler):
                 transport.resume_reading()
 
     def _take(self) -> None:
-        while self._pending and not self._busy and not self._forward_left:
+        # Not while writing is paused (a client not reading its answers): as aiohttp, which
+        # awaits the drain, take nothing more until resume_writing; what it sends meanwhile
+        # waits in _pending, whose bound pauses reading. Else answers would pile up unbounded.
+        while self._pending and not self._busy and not self._forward_left and not self._paused:
             if self._aiohttp_only:
                 self._pass_on(len(self._pending))
                 return
@@ -240,6 +244,10 @@ class Connection(RequestHandler):
         gw = self._manager.gateway() if self._manager is not None else None  # type: ignore[attr-defined]
         if gw is not None:
             gw.bodies.release(self)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._pump()  # what waited for the client to read its answers
 
     def _process_keepalive(self) -> None:
         # aiohttp's keep-alive timer closes a connection whose start() waits for a message: not

@@ -5,8 +5,9 @@ and body length, for heads of the plainest form only.
 Not an HTTP parser to serve with: anything outside that plain form (a request line
 that is not ``METHOD /target HTTP/1.1``, obs-fold, a field name that is not a token,
 bytes outside visible ASCII, a repeated field, Transfer-Encoding, Upgrade, CONNECT, a
-malformed Content-Length, a head over ``MAX_HEAD_BYTES`` or ``MAX_FIELDS``) is ``OTHER``: the connection
-is then left to aiohttp's parser (llhttp) for good, which answers every such case as
+malformed Content-Length, a head over ``MAX_HEAD_BYTES`` or ``MAX_FIELDS``; bytes that cannot
+begin a request line, as soon as they come) is ``OTHER``: the connection is then left
+to aiohttp's parser (llhttp) for good, which answers every such case as
 it always did. So this never needs to be lenient, and is never the one to refuse a
 request: it only recognises what is unambiguous.
 """
@@ -25,6 +26,10 @@ MAX_HEAD_BYTES: Final = 8190
 MAX_FIELDS: Final = 128
 _END = b"\r\n\r\n"
 _REQUEST_LINE = re.compile(r"([A-Z]{1,16}) (/[!-~]*) HTTP/1\.1\r\n")
+# What an incomplete head must begin with to become one of ours (its method, whole or in
+# part): anything else (the rest of a body longer than its Content-Length, ...) is OTHER at
+# once, for llhttp to refuse now rather than wait for a head that never ends.
+_HEAD_START = re.compile(rb"[A-Z]{1,16}(?: |\Z)")
 # A field line at a line's start: a token, a colon, optional blanks, then visible ASCII and
 # blanks. One findall for all of them (a loop of matches cost 2-3x as much).
 _FIELD = re.compile(r"^([!#$%&'*+.^_`|~0-9A-Za-z-]+):[\t ]*([\t -~]*)\r\n", re.MULTILINE)
@@ -52,8 +57,11 @@ def parse_head(data: bytes | bytearray, start: int = 0) -> Head | _Other | None:
     """The head of the request at ``data[start:]``: a Head, None while it is incomplete
     (and still short enough), or OTHER."""
     end = data.find(_END, start, start + MAX_HEAD_BYTES + len(_END))
-    if end < 0:
-        return OTHER if len(data) - start > MAX_HEAD_BYTES else None
+    if end < 0:  # incomplete: ours to wait for while short and begun as a request line
+        if len(data) == start:
+            return None
+        plausible = len(data) - start <= MAX_HEAD_BYTES and _HEAD_START.match(data, start)
+        return None if plausible else OTHER
     try:
         text = data[start : end + 2].decode("ascii")
     except UnicodeDecodeError:
