@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -188,3 +190,52 @@ async def test_a_full_aiohttp_queue_keeps_reading_paused(
         assert not conn.transport.is_reading()
         assert len(conn._messages) <= queued + MAX_MSG_QUEUE_SIZE
         raw.writer.transport.abort()
+
+
+async def _length_settled(http: aiohttp.ClientSession, url: str) -> int:
+    """The stream's length once it has stopped growing for a while (at most ~15 s)."""
+    last = -1
+    for _ in range(50):
+        now = len(await read_all(http, url))
+        if now == last:
+            return now
+        last = now
+        await asyncio.sleep(0.3)
+    return last
+
+
+def _more_answers_than_the_kernel_holds() -> int:
+    """Appends whose answers (~600 B each) more than fill the server's send buffer at its
+    largest (tcp_wmem's maximum; 4 MiB: ~7,000 answers) and the client's small window."""
+    most = int(Path("/proc/sys/net/ipv4/tcp_wmem").read_text().split()[2])
+    return max(10_000, most // 600 * 3 // 2)
+
+
+@pytest.mark.parametrize("fast", PATHS)
+async def test_a_client_that_reads_no_answers_is_taken_no_further(
+    redis_url: str, http: aiohttp.ClientSession, fast: bool
+) -> None:
+    """Appends pipelined by a client that reads none of its answers. The fast path took
+    them on regardless, its answers piling up in memory without bound (157 MiB in 32 s on
+    one connection). Now, as on aiohttp's path: once answers back up (writing paused) no
+    more are taken, however long (past the keep-alive timeout: the connection is not
+    idle, and one closed then had an append taken after the close and never answered),
+    and once the client reads, every one is answered in order and stored once."""
+    async with gateway_on(redis_url, keepalive=1.0, fast_appends=fast) as (base, _, _):
+        url = f"{base}/fp-unread-{uuid.uuid4().hex[:8]}"
+        path = await created(http, url)
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # (before connecting: its window)
+        sock.setblocking(False)
+        where = aiohttp.client.URL(base)
+        await asyncio.get_running_loop().sock_connect(sock, (where.host, where.port))
+        raw = Raw(*await asyncio.open_connection(sock=sock))
+        count = _more_answers_than_the_kernel_holds()
+        raw.writer.write(b"".join(post(path, b"x") for _ in range(count)))  # (not drained: reading pauses)
+        taken = await _length_settled(http, url)
+        assert 0 < taken < count, "appends went on while their answers could not be written"
+        await asyncio.sleep(2.0)  # twice the keep-alive timeout, reading nothing
+        statuses = [(await raw.answer())[0] for _ in range(count)]
+        await raw.close()
+        assert statuses == [204] * count
+        assert await read_all(http, url) == b"x" * count

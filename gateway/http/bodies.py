@@ -74,9 +74,10 @@ def read_body(
     aiohttp's own read, awaited by the caller, not three coroutines deep (each ~0.4 µs).
     Refusals found from the headers alone are raised at the call."""
     codings = request.headers.get("Transfer-Encoding")
-    if codings is not None and any(c.strip().lower() != "chunked" for c in codings.split(",")):
+    if codings is not None and any(c.strip().lower() not in ("chunked", "") for c in codings.split(",")):
         # aiohttp's parser takes the chunked framing off and leaves any other coding (gzip,
-        # ...) on the bytes, which would be stored as they came. RFC 9112 (6.1) suggests 501;
+        # ...) on the bytes, which would be stored as they came (empty list elements are
+        # nothing, RFC 9110 5.6.1). RFC 9112 (6.1) suggests 501;
         # 400, as for every request this server will not take (a 5xx reads as its own fault).
         raise ProtocolError(400, f"Transfer-Encoding {codings[:40]!r} is not supported (chunked only)")
     encoding = request.headers.get("Content-Encoding")

@@ -179,6 +179,8 @@ class Connection(RequestHandler):
                 transport.resume_reading()
 
     def _take(self) -> None:
+        if self._force_close or self._close:  # closing (keep-alive, shutdown): nothing more is taken
+            return
         # Not while writing is paused (a client not reading its answers): as aiohttp, which
         # awaits the drain, take nothing more until resume_writing; what it sends meanwhile
         # waits in _pending, whose bound pauses reading. Else answers would pile up unbounded.
@@ -255,6 +257,10 @@ class Connection(RequestHandler):
         # aiohttp after the message it is passed).
         if self._busy or self._body_timer is not None:
             self._keepalive_handle = None
+            return
+        if self._paused and self._pending:  # messages wait for the client to read its answers:
+            # no timeout, as on aiohttp's path (in its drain); looked at again later
+            self._keepalive_handle = self._loop.call_later(self._keepalive_timeout, self._process_keepalive)
             return
         super()._process_keepalive()
 

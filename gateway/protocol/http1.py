@@ -26,10 +26,17 @@ MAX_HEAD_BYTES: Final = 8190
 MAX_FIELDS: Final = 128
 _END = b"\r\n\r\n"
 _REQUEST_LINE = re.compile(r"([A-Z]{1,16}) (/[!-~]*) HTTP/1\.1\r\n")
-# What an incomplete head must begin with to become one of ours (its method, whole or in
-# part): anything else (the rest of a body longer than its Content-Length, ...) is OTHER at
-# once, for llhttp to refuse now rather than wait for a head that never ends.
-_HEAD_START = re.compile(rb"[A-Z]{1,16}(?: |\Z)")
+# What an incomplete head must begin with to be worth waiting for: one of these methods (the
+# ones this server answers), whole or in part. Anything else (the rest of a body longer than
+# its Content-Length, ...) is OTHER at once, for llhttp to refuse now (or take, for a method
+# it knows) rather than wait for a head that never ends.
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+_HEAD_START = re.compile(
+    b"|".join(
+        [re.escape(m[:n].encode()) + rb"\Z" for m in _METHODS for n in range(1, len(m) + 1)]
+        + [m.encode() + b" " for m in _METHODS]
+    )
+)
 # A field line at a line's start: a token, a colon, optional blanks, then visible ASCII and
 # blanks. One findall for all of them (a loop of matches cost 2-3x as much).
 _FIELD = re.compile(r"^([!#$%&'*+.^_`|~0-9A-Za-z-]+):[\t ]*([\t -~]*)\r\n", re.MULTILINE)
