@@ -76,9 +76,9 @@ def read_body(
     codings = request.headers.get("Transfer-Encoding")
     if codings is not None and any(c.strip().lower() not in ("chunked", "") for c in codings.split(",")):
         # aiohttp's parser takes the chunked framing off and leaves any other coding (gzip,
-        # ...) on the bytes, which would be stored as they came (empty list elements are
-        # nothing, RFC 9110 5.6.1). RFC 9112 (6.1) suggests 501;
-        # 400, as for every request this server will not take (a 5xx reads as its own fault).
+        # ...) on the bytes, which would be stored as they came. Empty list elements are
+        # nothing (RFC 9110, 5.6.1). 400 where RFC 9112 (6.1) suggests 501: bad input is 4xx
+        # here, a 5xx reads as the server's own fault.
         raise ProtocolError(400, f"Transfer-Encoding {codings[:40]!r} is not supported (chunked only)")
     encoding = request.headers.get("Content-Encoding")
     encoding = encoding.strip().lower() if encoding else ""

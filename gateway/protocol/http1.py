@@ -5,9 +5,9 @@ and body length, for heads of the plainest form only.
 Not an HTTP parser to serve with: anything outside that plain form (a request line
 that is not ``METHOD /target HTTP/1.1``, obs-fold, a field name that is not a token,
 bytes outside visible ASCII, a repeated field, Transfer-Encoding, Upgrade, CONNECT, a
-malformed Content-Length, a head over ``MAX_HEAD_BYTES`` or ``MAX_FIELDS``; bytes that cannot
-begin a request line, as soon as they come) is ``OTHER``: the connection is then left
-to aiohttp's parser (llhttp) for good, which answers every such case as
+malformed Content-Length, a head over ``MAX_HEAD_BYTES`` or ``MAX_FIELDS``; as soon as they
+come, bytes that cannot begin the request line of a method this server answers) is ``OTHER``:
+the connection is then left to aiohttp's parser (llhttp) for good, which answers every such case as
 it always did. So this never needs to be lenient, and is never the one to refuse a
 request: it only recognises what is unambiguous.
 """
@@ -30,7 +30,7 @@ _REQUEST_LINE = re.compile(r"([A-Z]{1,16}) (/[!-~]*) HTTP/1\.1\r\n")
 # ones this server answers), whole or in part. Anything else (the rest of a body longer than
 # its Content-Length, ...) is OTHER at once, for llhttp to refuse now (or take, for a method
 # it knows) rather than wait for a head that never ends.
-_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+_METHODS = ("GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS")  # (gateway/http/app.py's STREAM)
 _HEAD_START = re.compile(
     b"|".join(
         [re.escape(m[:n].encode()) + rb"\Z" for m in _METHODS for n in range(1, len(m) + 1)]
