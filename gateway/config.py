@@ -1,7 +1,10 @@
 """Settings: one definition per setting, read from flags or environment.
 
-Every flag ``--some-name`` is also ``DURABLE_STREAMS_SOME_NAME`` in the
-environment (flags win), so the same settings serve a laptop and a container.
+Each field of ``Settings`` is declared once, with ``setting``: its type and default,
+its help, its parser, and the commands that take it. Every flag ``--some-name`` is
+also ``DURABLE_STREAMS_SOME_NAME`` in the environment (flags win), so the same
+settings serve a laptop and a container; the configuration reference
+(docs/hooks/reference.py) is generated from the same declarations.
 """
 
 from __future__ import annotations
@@ -10,295 +13,12 @@ import argparse
 import math
 import os
 import re
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
-from typing import NoReturn
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import NoReturn, TypeVar
 from urllib.parse import urlsplit
 
 ENV_PREFIX = "DURABLE_STREAMS_"
-
-
-@dataclass(frozen=True)
-class Settings:
-    host: str = "127.0.0.1"
-    port: int = 4437
-    redis_url: str | None = None
-    redis_cluster: bool = False
-    min_replicas_ack: int = 0
-    min_replicas_ack_timeout: float = 1.0
-    data_dir: str = "./data"
-    prefix: str = "/v1/stream"
-    max_body_bytes: int = 64 * 1024 * 1024
-    max_snapshot_bytes: int = 128 * 1024 * 1024  # Ursula's snapshot blobs (http/snapshots.py)
-    max_chunk_bytes: int = 4 * 1024 * 1024
-    read_inline_bytes: int = 64 * 1024
-    max_path_bytes: int = 1024
-    max_json_messages: int = 0  # 0: no cap (a body is stored in bounded entries whatever it holds)
-    max_inflight_body_bytes: int = 256 * 1024 * 1024
-    body_timeout: float = 60.0
-    write_timeout: float = 30.0
-    redis_timeout: float = 5.0
-    shutdown_seconds: float = 30.0
-    # Kept serving after SIGTERM, not ready, until load balancers stop sending here: the chart's
-    # readiness probe (every 2 s, 2 failures) takes up to 4 s to notice, plus 1 s for the change
-    # to reach the proxies; and 5 s + a short drain fits `docker stop`'s 10 s.
-    shutdown_delay_seconds: float = 5.0
-    keepalive_seconds: float = 75.0
-    long_poll_timeout: float = 20.0
-    sse_cycle_seconds: float = 60.0
-    sse_heartbeat_seconds: float = 15.0
-    notice_payload_bytes: int = 8192
-    require_durable: bool = False
-    workers: int = 1
-    log_level: str = "info"
-    log_format: str = "text"
-    access_log: bool = False
-    fast_appends: bool = True  # http/fastpath.py
-    redis_max_connections: int = 64
-    # the archive (serve reads it; `durable-streams archive` writes it)
-    archive_url: str | None = None
-    archive_hints: bool = True
-    stream_registry: bool = False  # streams/registry.py: a __registry__ stream of creates and deletes
-    archive_cache_bytes: int = 128 * 1024 * 1024
-    archive_hot_bytes: int = 1024 * 1024
-    archive_hot_seconds: float = 300.0
-    archive_min_bytes: int = 4 * 1024 * 1024
-    archive_max_delay: float = 600.0
-    archive_file_bytes: int = 128 * 1024 * 1024
-    archive_interval: float = 1.0
-    archive_reconcile_seconds: float = 60.0
-    archive_lease_seconds: float = 30.0
-    archive_stall_seconds: float = 120.0
-    metrics_port: int = 0
-    retention_seconds: float = 0.0
-    # access control (README, Security): on as soon as any credential source is set
-    auth_tokens_file: str | None = None
-    auth_jwt_key_file: str | None = None
-    auth_jwks_url: str | None = None
-    auth_jwt_algorithms: str = ""
-    auth_jwt_audience: str | None = None
-    auth_jwt_issuer: str | None = None
-    auth_jwt_claim: str = "streams"
-    auth_jwks_cache_seconds: float = 300.0
-    auth_anonymous: str = ""
-    auth_signing_key_file: str | None = None
-    auth_signed_url_max_seconds: float = 3600.0
-    trusted_proxy_hops: int = 0
-    public_url: str | None = None
-    cors_origins: str | None = None
-    cors_methods: str = "GET, HEAD, POST, PUT, DELETE, OPTIONS"
-    cors_credentials: bool = False
-    admin_port: int = 0
-    rate_limits: str = ""
-    max_live_connections: int = 20000
-    max_live_per_credential: int = 1000
-    # write backpressure (features/backpressure.py): writes pause before Redis is full
-    write_pause_memory: str = "90%"
-    write_pause_archive_lag: float = 0.0
-    write_pause_retry_after: int = 1
-    console: str = "auto"  # the web console (gateway/http/console.py): auto, on or off
-    # subscriptions (README, Subscriptions): the API on every gateway, delivery by
-    # `durable-streams deliver` workers
-    webhook_allow: str = ""
-    subscription_max_streams: int = 1000
-    webhook_timeout: float = 10.0
-    webhook_concurrency: int = 256
-    webhook_signing_key_file: str | None = None
-    deliver_poll_seconds: float = 0.1
-    deliver_sweep_seconds: float = 5.0
-
-    @property
-    def auth_enabled(self) -> bool:
-        """Access control is on once any source of credentials or grants is configured."""
-        return bool(
-            self.auth_tokens_file
-            or self.auth_jwt_key_file
-            or self.auth_jwks_url
-            or self.auth_signing_key_file
-            or self.auth_anonymous.strip()
-        )
-
-    @property
-    def archive_location(self) -> str:
-        return self.archive_url or os.path.join(self.data_dir, "archive")
-
-
-# Which command takes which settings (the rest are `serve`'s alone).
-COMMON = (
-    "host",
-    "redis_url",
-    "redis_cluster",
-    "min_replicas_ack",
-    "min_replicas_ack_timeout",
-    "data_dir",
-    "archive_url",
-    "log_level",
-    "log_format",
-)
-WORKER = (
-    "archive_hot_bytes",
-    "archive_hot_seconds",
-    "archive_min_bytes",
-    "archive_max_delay",
-    "archive_file_bytes",
-    "archive_interval",
-    "archive_reconcile_seconds",
-    "archive_lease_seconds",
-    "archive_stall_seconds",
-    "retention_seconds",
-    "metrics_port",
-)
-# `durable-streams deliver` (the subscription delivery worker): these, COMMON and
-# webhook_allow (which gateways check at creation too) and metrics_port.
-DELIVERY = (
-    "webhook_timeout",
-    "webhook_concurrency",
-    "webhook_signing_key_file",
-    "deliver_poll_seconds",
-    "deliver_sweep_seconds",
-)
-
-
-HELP = {
-    "host": "address to listen on",
-    "port": "port to listen on (4437 is the protocol's)",
-    "redis_url": "Redis to use, e.g. redis://host:6379/0; unset: start an embedded "
-    "redis-server in --data-dir (AOF, fsync on every write)",
-    "redis_cluster": "--redis-url is a node of a Redis Cluster (redis-py's RedisCluster.from_url: the "
-    "other nodes are found from it); streams are spread over its shards by hash slot",
-    "min_replicas_ack": "acknowledge a write only once this many replicas have it (WAIT; WAITAOF, "
-    "their disks, on a Redis 7.2+ cluster whose nodes all keep an AOF); 0: once the primary has it "
-    "(docs/scaling.md, Replica durability)",
-    "min_replicas_ack_timeout": "seconds a write waits for --min-replicas-ack replicas; then the "
-    "client gets 504 (append) or 503: stored on the primary, not confirmed by enough replicas",
-    "data_dir": "where the embedded Redis keeps its data",
-    "prefix": "URL prefix streams live under",
-    "max_body_bytes": "largest request body accepted; larger ones get 413 (the official clients batch "
-    "concurrent appends into one request: keep it at tens of MiB)",
-    "max_snapshot_bytes": "largest snapshot blob accepted (PUT /{bucket}/{stream}/snapshot/{offset}); larger "
-    "ones get 413. Held in memory while it is stored: counted in --max-inflight-body-bytes",
-    "max_chunk_bytes": "most bytes one read response returns (clients continue from Stream-Next-Offset)",
-    "read_inline_bytes": "reads of byte streams longer than this fetch their data with a plain XRANGE "
-    "after the script instead of through Lua (one more round trip; a quarter of Redis' work)",
-    "max_path_bytes": "longest stream path accepted",
-    "max_json_messages": "most JSON messages one request may append (a larger array gets 413); 0: no "
-    "cap beyond --max-body-bytes (messages are stored in bounded groups: no script runs long for them)",
-    "max_inflight_body_bytes": "request body bytes one process holds at once, across requests; "
-    "beyond it new bodies get 503 with Retry-After",
-    "body_timeout": "seconds a client may take to send a whole request body (then 408)",
-    "write_timeout": "seconds a live response (SSE) may wait for a client to take its data "
-    "before the connection is dropped",
-    "redis_timeout": "seconds to wait for a Redis reply; an append unanswered by then gets 504 "
-    "(outcome unknown: retry it only as an idempotent producer)",
-    "keepalive_seconds": "seconds a connection may sit idle, or take to send a request's head "
-    "(line and headers), before it is closed; longer than common load-balancer idle timeouts",
-    "shutdown_seconds": "on SIGTERM, after --shutdown-delay-seconds, seconds in-flight requests get to "
-    "finish before the process exits",
-    "shutdown_delay_seconds": "on SIGTERM, seconds the gateway keeps accepting requests before it stops "
-    "listening and drains: /readyz answers 503 at once, live responses (SSE, long-polls) end with "
-    "their resume offset, and every response says Connection: close, so load balancers and proxies "
-    "stop sending here and stop reusing its connections first (no 502s); cover the readiness probe's "
-    "period x failure threshold plus the load balancer's reaction (0: stop at once). SIGINT skips it",
-    "long_poll_timeout": "seconds a long-poll waits for data before answering 204",
-    "sse_cycle_seconds": "seconds after which an SSE response ends so clients reconnect (CDN collapsing)",
-    "sse_heartbeat_seconds": "seconds between SSE comment lines on an idle connection",
-    "notice_payload_bytes": "appends up to this size travel inside the pub/sub notice, so live "
-    "readers get them without a Redis read (0: always read)",
-    "require_durable": "refuse to start when the Redis could lose acknowledged writes "
-    "(appendonly off, or appendfsync not 'always')",
-    "workers": "worker processes sharing the port (more than 1 runs under gunicorn)",
-    "redis_max_connections": "Redis connections per process; requests beyond them wait (up to 10 s) "
-    "for a free one",
-    "log_level": "debug, info, warning or error",
-    "log_format": "text (one line per record) or json (one JSON object per line: ts, level, logger, "
-    "message and the record's fields)",
-    "access_log": "log one line per request: method, path (query values that may be secrets, such as "
-    "a signed URL's signature, redacted), status, bytes, duration, client address",
-    "fast_appends": "answer plain stream appends on the connection, before aiohttp's request "
-    "machinery (about half an append's CPU); off: every request takes aiohttp's path",
-    "archive_url": "where archived Parquet files live: a directory or an fsspec URL such as "
-    "s3://bucket/prefix (needs s3fs); unset: <data-dir>/archive",
-    "stream_registry": "keep a __registry__ JSON stream of every create and delete, as upstream's "
-    "reference server does (its test UI finds streams so); best effort: GET <prefix>/__ds/streams is "
-    "the exact listing",
-    "archive_hints": "tell archive workers which streams got appends (one Redis call per second per "
-    "process); turn off when no archive worker runs, so hints do not pile up in Redis",
-    "archive_cache_bytes": "memory for archive files decoded for cold reads (per process)",
-    "archive_hot_bytes": "newest bytes of each stream kept in Redis (0 allowed)",
-    "archive_hot_seconds": "entries younger than this stay in Redis (0 allowed)",
-    "archive_min_bytes": "archive a stream once this much is past the hot window ... (also: a file "
-    "below this size is rewritten with the next piece of its stream and day; 0: never)",
-    "archive_max_delay": "... or once its oldest such entry has been past the hot window this many seconds",
-    "archive_file_bytes": "largest Parquet file",
-    "archive_interval": "seconds between looks for work when idle",
-    "archive_reconcile_seconds": "seconds between scans for streams with lost hints and for "
-    "archives of deleted or expired streams (one worker scans at a time)",
-    "archive_lease_seconds": "how long a stream stays claimed by a worker that stopped answering "
-    "(renewed after every file; a crashed worker's streams are taken over after this)",
-    "archive_stall_seconds": "the worker's /healthz (on --metrics-port) answers 503 once its loop has "
-    "made no progress (a pass, a stream, a lease renewal) for this long: a liveness probe restarts a "
-    "hung worker. Above any legitimate gap: an idle loop beats every --archive-interval, a busy one "
-    "per stream and on every lease renewal (each third of --archive-lease-seconds)",
-    "metrics_port": "serve Prometheus metrics (and, for the archive worker, /healthz) on this port "
-    "at --host (0: off)",
-    "retention_seconds": "drop archived data older than this while the stream goes on; reads "
-    "of it answer 410 (0: keep everything)",
-    "auth_tokens_file": "JSON file of static bearer tokens (or their SHA-256), each with grants "
-    "(read/write/admin on path prefixes); README, Security",
-    "auth_jwt_key_file": "verify JWT bearer tokens with this key: a PEM public key (RS256, ES256, "
-    "EdDSA) or a file holding an HS256 secret",
-    "auth_jwks_url": "verify JWT bearer tokens against the keys published at this JWKS URL "
-    "(cached; refetched on an unknown key id, so rotation needs no restart)",
-    "auth_jwt_algorithms": "JWT algorithms accepted, comma-separated (default: HS256 for a "
-    "secret, RS256/ES256/EdDSA for a public key or JWKS)",
-    "auth_jwt_audience": "the 'aud' JWTs must carry (required with JWT verification: a token "
-    "the same issuer signed for another service is refused)",
-    "auth_jwt_issuer": "JWTs must carry this 'iss'",
-    "auth_jwt_claim": 'the JWT claim holding grants, e.g. {"read": ["chat/"]} or '
-    "\"read:chat/ write:chat/42/\" ('scope' reads the standard claim that way)",
-    "auth_jwks_cache_seconds": "how long fetched JWKS keys are used before they are fetched again",
-    "auth_anonymous": "grants for requests without credentials, e.g. 'read:public/' (empty: none)",
-    "auth_signing_key_file": "file holding the HMAC key of signed URLs ("
-    "mints them at /auth/sign; for browsers and EventSource, which cannot send headers)",
-    "auth_signed_url_max_seconds": "longest lifetime a signed URL may be given",
-    "trusted_proxy_hops": "proxies in front of the gateway that append to X-Forwarded-For (e.g. 1 "
-    "for an ingress): anonymous clients are then told apart by the address the outermost one saw",
-    "public_url": "the server's public base URL (e.g. https://streams.example.com): Location "
-    "headers are built from it instead of the request's Host",
-    "cors_origins": "origins browsers may call from, comma-separated, or '*' (default: local "
-    "origins with auth off, none with auth on)",
-    "cors_methods": "methods allowed cross-origin",
-    "cors_credentials": "allow cross-origin requests with cookies/HTTP auth (needs explicit origins)",
-    "admin_port": "serve /metrics, /healthz and /readyz on this port only, not on the public "
-    "one (0: on the public port; /metrics then needs admin access when auth is on)",
-    "rate_limits": "token buckets kept in Redis, shared by all gateways, e.g. "
-    "'write:=100/s+200 read:chat/=50/s anonymous:read:=10/s' (README, Security)",
-    "max_live_connections": "live reads (SSE, long-poll) one process holds at once; more get 503",
-    "max_live_per_credential": "live reads one credential (or anonymous client address) may "
-    "hold on one process; more get 503",
-    "write_pause_memory": "refuse writes (PUT, POST with data: 503 + Retry-After) while Redis' used_memory "
-    "is above this, so the archive, deletes and reads keep room to work: a size (512mb, 2gb: redis.conf's "
-    "units) or a share of Redis' maxmemory (85%%; none when Redis has no maxmemory); on Redis Cluster per "
-    "primary (its streams pause). 0 or off: never",
-    "write_pause_archive_lag": "refuse writes while the stream that has waited longest for an archive "
-    "worker has waited this many seconds (ds_archive_lag_seconds; 0: never)",
-    "write_pause_retry_after": "the Retry-After, in seconds, of writes refused by --write-pause-memory or "
-    "--write-pause-archive-lag",
-    "console": "serve the web console at <prefix>/__ds/console/: on, off, or auto (on unless access "
-    "control is on without --auth-signing-key-file: its live tail needs signed URLs)",
-    "webhook_allow": "webhook targets exempt from the SSRF rules (https only, public addresses only): "
-    "comma-separated networks and host names, e.g. '127.0.0.0/8,localhost,*.svc.cluster.local' (they "
-    "may use http:// and private addresses); checked at creation and at every delivery",
-    "subscription_max_streams": "most explicit streams one subscription request may name",
-    "webhook_timeout": "seconds a webhook receiver has to answer a delivery (then it is retried)",
-    "webhook_concurrency": "webhook deliveries one worker has in flight at once",
-    "webhook_signing_key_file": "an Ed25519 private key (PKCS#8 PEM, e.g. from a Secret) to sign "
-    "webhooks with: added to the keys in Redis and signing from now on; unset: a key made and "
-    "kept in Redis (`durable-streams webhook-keys rotate` replaces it)",
-    "deliver_poll_seconds": "how often a delivery worker looks at what is due (wakes, retries, leases)",
-    "deliver_sweep_seconds": "how often a delivery worker looks at every outbox for wakes it was not "
-    "told of (Redis Cluster: 16384 small reads)",
-}
 
 
 def env_name(field_name: str) -> str:
@@ -323,13 +43,6 @@ LOG_FORMATS = ("text", "json")
 CONSOLE_MODES = ("auto", "on", "off")
 REDIS_SCHEMES = ("redis", "rediss", "unix")
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
-
-
-class SettingsParser(argparse.ArgumentParser):
-    """An argument parser whose errors are one line on stderr (exit code 2), not a usage block."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def _whole(low: int, high: int | None = None) -> Callable[[str], int]:
@@ -439,6 +152,478 @@ def _memory_mark_text(raw: str) -> str:
     return raw.strip().lower()
 
 
+_POSITIVE = _number(positive=True)
+_BY_TYPE: dict[str, Parse] = {"int": _whole(0), "float": _number(), "bool": _boolean}  # "str": any text
+
+
+# -- declaring a setting -----------------------------------------------------------
+
+# The commands that take settings (gateway/cli/: serve, migrate, doctor; workers/commands.py:
+# archive, deliver, webhook-keys), and those that take the settings every process shares.
+COMMANDS = ("serve", "archive", "deliver", "webhook-keys", "migrate", "doctor")
+SHARED = ("serve", "archive", "deliver", "webhook-keys")
+SERVE, ARCHIVE, DELIVER = ("serve",), ("archive",), ("deliver",)
+_SPEC = "durable_streams"  # the key of a field's Spec in its metadata
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class Spec:
+    """What a setting is besides its type and default: ``help`` (argparse's: ``%%`` for a
+    ``%``), ``parse`` (None: any value of the field's type, numbers not negative), the
+    ``commands`` that take it, and environment variables read after its own (``also_env``)."""
+
+    help: str
+    parse: Parse | None = None
+    commands: tuple[str, ...] = SERVE
+    also_env: tuple[str, ...] = ()
+
+
+def setting(
+    default: _T,
+    help: str,
+    *,
+    parse: Parse | None = None,
+    commands: Iterable[str] = SERVE,
+    also_env: tuple[str, ...] = (),
+) -> _T:
+    """A ``Settings`` field: its default, and its Spec in the field's metadata."""
+    spec = Spec(help, parse, tuple(commands), also_env)
+    unknown = set(spec.commands) - set(COMMANDS)
+    if not spec.help or unknown:  # a mistake in this module: fail at import, not in a command
+        raise ValueError(f"a setting needs help and known commands (unknown: {sorted(unknown)})")
+    return field(default=default, metadata={_SPEC: spec})
+
+
+@dataclass(frozen=True)
+class Settings:
+    host: str = setting("127.0.0.1", "address to listen on", commands=SHARED)
+    port: int = setting(4437, "port to listen on (4437 is the protocol's)", parse=_whole(1, 65535))
+    redis_url: str | None = setting(
+        None,
+        "Redis to use, e.g. redis://host:6379/0; unset: start an embedded "
+        "redis-server in --data-dir (AOF, fsync on every write)",
+        parse=_redis_url,
+        also_env=("REDIS_URL",),
+        commands=(*SHARED, "migrate", "doctor"),
+    )
+    redis_cluster: bool = setting(
+        False,
+        "--redis-url is a node of a Redis Cluster (redis-py's RedisCluster.from_url: the "
+        "other nodes are found from it); streams are spread over its shards by hash slot",
+        commands=(*SHARED, "migrate", "doctor"),
+    )
+    min_replicas_ack: int = setting(
+        0,
+        "acknowledge a write only once this many replicas have it (WAIT; WAITAOF, "
+        "their disks, on a Redis 7.2+ cluster whose nodes all keep an AOF); 0: once the primary has it "
+        "(docs/scaling.md, Replica durability)",
+        commands=SHARED,
+    )
+    min_replicas_ack_timeout: float = setting(
+        1.0,
+        "seconds a write waits for --min-replicas-ack replicas; then the "
+        "client gets 504 (append) or 503: stored on the primary, not confirmed by enough replicas",
+        parse=_POSITIVE,
+        commands=SHARED,
+    )
+    data_dir: str = setting(
+        "./data", "where the embedded Redis keeps its data", commands=(*SHARED, "migrate", "doctor")
+    )
+    prefix: str = setting("/v1/stream", "URL prefix streams live under", parse=_url_prefix)
+    max_body_bytes: int = setting(
+        64 * 1024 * 1024,
+        "largest request body accepted; larger ones get 413 (the official clients batch "
+        "concurrent appends into one request: keep it at tens of MiB)",
+        parse=_whole(1),
+    )
+    # Ursula's snapshot blobs (http/snapshots.py)
+    max_snapshot_bytes: int = setting(
+        128 * 1024 * 1024,
+        "largest snapshot blob accepted (PUT /{bucket}/{stream}/snapshot/{offset}); larger "
+        "ones get 413. Held in memory while it is stored: counted in --max-inflight-body-bytes",
+        parse=_whole(1),
+    )
+    max_chunk_bytes: int = setting(
+        4 * 1024 * 1024,
+        "most bytes one read response returns (clients continue from Stream-Next-Offset)",
+        parse=_whole(1),
+    )
+    read_inline_bytes: int = setting(
+        64 * 1024,
+        "reads of byte streams longer than this fetch their data with a plain XRANGE "
+        "after the script instead of through Lua (one more round trip; a quarter of Redis' work)",
+    )
+    max_path_bytes: int = setting(1024, "longest stream path accepted", parse=_whole(1))
+    max_json_messages: int = setting(
+        0,
+        "most JSON messages one request may append (a larger array gets 413); 0: no "
+        "cap beyond --max-body-bytes (messages are stored in bounded groups: no script runs long for them)",
+        parse=_whole(0),
+    )
+    max_inflight_body_bytes: int = setting(
+        256 * 1024 * 1024,
+        "request body bytes one process holds at once, across requests; "
+        "beyond it new bodies get 503 with Retry-After",
+        parse=_whole(1),
+    )
+    body_timeout: float = setting(
+        60.0, "seconds a client may take to send a whole request body (then 408)", parse=_POSITIVE
+    )
+    write_timeout: float = setting(
+        30.0,
+        "seconds a live response (SSE) may wait for a client to take its data "
+        "before the connection is dropped",
+        parse=_POSITIVE,
+    )
+    redis_timeout: float = setting(
+        5.0,
+        "seconds to wait for a Redis reply; an append unanswered by then gets 504 "
+        "(outcome unknown: retry it only as an idempotent producer)",
+        parse=_POSITIVE,
+        commands=("serve", "deliver", "migrate", "doctor"),
+    )
+    shutdown_seconds: float = setting(
+        30.0,
+        "on SIGTERM, after --shutdown-delay-seconds, seconds in-flight requests get to "
+        "finish before the process exits",
+    )
+    # Kept serving after SIGTERM, not ready, until load balancers stop sending here: the chart's
+    # readiness probe (every 2 s, 2 failures) takes up to 4 s to notice, plus 1 s for the change
+    # to reach the proxies; and 5 s + a short drain fits `docker stop`'s 10 s.
+    shutdown_delay_seconds: float = setting(
+        5.0,
+        "on SIGTERM, seconds the gateway keeps accepting requests before it stops "
+        "listening and drains: /readyz answers 503 at once, live responses (SSE, long-polls) end with "
+        "their resume offset, and every response says Connection: close, so load balancers and proxies "
+        "stop sending here and stop reusing its connections first (no 502s); cover the readiness probe's "
+        "period x failure threshold plus the load balancer's reaction (0: stop at once). SIGINT skips it",
+    )
+    keepalive_seconds: float = setting(
+        75.0,
+        "seconds a connection may sit idle, or take to send a request's head "
+        "(line and headers), before it is closed; longer than common load-balancer idle timeouts",
+        parse=_POSITIVE,
+    )
+    long_poll_timeout: float = setting(
+        20.0, "seconds a long-poll waits for data before answering 204", parse=_POSITIVE
+    )
+    sse_cycle_seconds: float = setting(
+        60.0,
+        "seconds after which an SSE response ends so clients reconnect (CDN collapsing)",
+        parse=_POSITIVE,
+    )
+    sse_heartbeat_seconds: float = setting(
+        15.0, "seconds between SSE comment lines on an idle connection", parse=_POSITIVE
+    )
+    notice_payload_bytes: int = setting(
+        8192,
+        "appends up to this size travel inside the pub/sub notice, so live "
+        "readers get them without a Redis read (0: always read)",
+    )
+    require_durable: bool = setting(
+        False,
+        "refuse to start when the Redis could lose acknowledged writes "
+        "(appendonly off, or appendfsync not 'always')",
+    )
+    workers: int = setting(
+        1, "worker processes sharing the port (more than 1 runs under gunicorn)", parse=_whole(1)
+    )
+    log_level: str = setting(
+        "info", "debug, info, warning or error", parse=_log_level, commands=(*SHARED, "migrate")
+    )
+    log_format: str = setting(
+        "text",
+        "text (one line per record) or json (one JSON object per line: ts, level, logger, "
+        "message and the record's fields)",
+        parse=_one_of(*LOG_FORMATS),
+        commands=(*SHARED, "migrate"),
+    )
+    access_log: bool = setting(
+        False,
+        "log one line per request: method, path (query values that may be secrets, such as "
+        "a signed URL's signature, redacted), status, bytes, duration, client address",
+    )
+    # http/fastpath.py
+    fast_appends: bool = setting(
+        True,
+        "answer plain stream appends on the connection, before aiohttp's request "
+        "machinery (about half an append's CPU); off: every request takes aiohttp's path",
+    )
+    redis_max_connections: int = setting(
+        64,
+        "Redis connections per process; requests beyond them wait (up to 10 s) for a free one",
+        parse=_whole(1),
+    )
+    # the archive (serve reads it; `durable-streams archive` writes it)
+    archive_url: str | None = setting(
+        None,
+        "where archived Parquet files live: a directory or an fsspec URL such as "
+        "s3://bucket/prefix (needs s3fs); unset: <data-dir>/archive",
+        commands=(*SHARED, "doctor"),
+    )
+    archive_hints: bool = setting(
+        True,
+        "tell archive workers which streams got appends (one Redis call per second per "
+        "process); turn off when no archive worker runs, so hints do not pile up in Redis",
+    )
+    # streams/registry.py: a __registry__ stream of creates and deletes
+    stream_registry: bool = setting(
+        False,
+        "keep a __registry__ JSON stream of every create and delete, as upstream's "
+        "reference server does (its test UI finds streams so); best effort: GET <prefix>/__ds/streams is "
+        "the exact listing",
+    )
+    archive_cache_bytes: int = setting(
+        128 * 1024 * 1024, "memory for archive files decoded for cold reads (per process)"
+    )
+    archive_hot_bytes: int = setting(
+        1024 * 1024, "newest bytes of each stream kept in Redis (0 allowed)", commands=ARCHIVE
+    )
+    archive_hot_seconds: float = setting(
+        300.0, "entries younger than this stay in Redis (0 allowed)", commands=ARCHIVE
+    )
+    archive_min_bytes: int = setting(
+        4 * 1024 * 1024,
+        "archive a stream once this much is past the hot window ... (also: a file "
+        "below this size is rewritten with the next piece of its stream and day; 0: never)",
+        commands=ARCHIVE,
+    )
+    archive_max_delay: float = setting(
+        600.0,
+        "... or once its oldest such entry has been past the hot window this many seconds",
+        commands=ARCHIVE,
+    )
+    archive_file_bytes: int = setting(
+        128 * 1024 * 1024, "largest Parquet file", parse=_whole(1), commands=ARCHIVE
+    )
+    archive_interval: float = setting(
+        1.0, "seconds between looks for work when idle", parse=_POSITIVE, commands=ARCHIVE
+    )
+    archive_reconcile_seconds: float = setting(
+        60.0,
+        "seconds between scans for streams with lost hints and for "
+        "archives of deleted or expired streams (one worker scans at a time)",
+        parse=_POSITIVE,
+        commands=ARCHIVE,
+    )
+    archive_lease_seconds: float = setting(
+        30.0,
+        "how long a stream stays claimed by a worker that stopped answering "
+        "(renewed after every file; a crashed worker's streams are taken over after this)",
+        parse=_POSITIVE,
+        commands=ARCHIVE,
+    )
+    archive_stall_seconds: float = setting(
+        120.0,
+        "the worker's /healthz (on --metrics-port) answers 503 once its loop has "
+        "made no progress (a pass, a stream, a lease renewal) for this long: a liveness probe restarts a "
+        "hung worker. Above any legitimate gap: an idle loop beats every --archive-interval, a busy one "
+        "per stream and on every lease renewal (each third of --archive-lease-seconds)",
+        parse=_POSITIVE,
+        commands=ARCHIVE,
+    )
+    metrics_port: int = setting(
+        0,
+        "serve Prometheus metrics (and, for the archive worker, /healthz) on this port at --host (0: off)",
+        parse=_whole(0, 65535),
+        commands=("archive", "deliver"),
+    )
+    retention_seconds: float = setting(
+        0.0,
+        "drop archived data older than this while the stream goes on; reads "
+        "of it answer 410 (0: keep everything)",
+        commands=ARCHIVE,
+    )
+    # access control (README, Security): on as soon as any credential source is set
+    auth_tokens_file: str | None = setting(
+        None,
+        "JSON file of static bearer tokens (or their SHA-256), each with grants "
+        "(read/write/admin on path prefixes); README, Security",
+    )
+    auth_jwt_key_file: str | None = setting(
+        None,
+        "verify JWT bearer tokens with this key: a PEM public key (RS256, ES256, "
+        "EdDSA) or a file holding an HS256 secret",
+    )
+    auth_jwks_url: str | None = setting(
+        None,
+        "verify JWT bearer tokens against the keys published at this JWKS URL "
+        "(cached; refetched on an unknown key id, so rotation needs no restart)",
+    )
+    auth_jwt_algorithms: str = setting(
+        "",
+        "JWT algorithms accepted, comma-separated (default: HS256 for a "
+        "secret, RS256/ES256/EdDSA for a public key or JWKS)",
+    )
+    auth_jwt_audience: str | None = setting(
+        None,
+        "the 'aud' JWTs must carry (required with JWT verification: a token "
+        "the same issuer signed for another service is refused)",
+    )
+    auth_jwt_issuer: str | None = setting(None, "JWTs must carry this 'iss'")
+    auth_jwt_claim: str = setting(
+        "streams",
+        'the JWT claim holding grants, e.g. {"read": ["chat/"]} or '
+        "\"read:chat/ write:chat/42/\" ('scope' reads the standard claim that way)",
+    )
+    auth_jwks_cache_seconds: float = setting(
+        300.0, "how long fetched JWKS keys are used before they are fetched again"
+    )
+    auth_anonymous: str = setting(
+        "", "grants for requests without credentials, e.g. 'read:public/' (empty: none)"
+    )
+    auth_signing_key_file: str | None = setting(
+        None,
+        "file holding the HMAC key of signed URLs ("
+        "mints them at /auth/sign; for browsers and EventSource, which cannot send headers)",
+    )
+    auth_signed_url_max_seconds: float = setting(
+        3600.0, "longest lifetime a signed URL may be given", parse=_POSITIVE
+    )
+    trusted_proxy_hops: int = setting(
+        0,
+        "proxies in front of the gateway that append to X-Forwarded-For (e.g. 1 "
+        "for an ingress): anonymous clients are then told apart by the address the outermost one saw",
+    )
+    public_url: str | None = setting(
+        None,
+        "the server's public base URL (e.g. https://streams.example.com): Location "
+        "headers are built from it instead of the request's Host",
+    )
+    cors_origins: str | None = setting(
+        None,
+        "origins browsers may call from, comma-separated, or '*' (default: local "
+        "origins with auth off, none with auth on)",
+    )
+    cors_methods: str = setting("GET, HEAD, POST, PUT, DELETE, OPTIONS", "methods allowed cross-origin")
+    cors_credentials: bool = setting(
+        False, "allow cross-origin requests with cookies/HTTP auth (needs explicit origins)"
+    )
+    admin_port: int = setting(
+        0,
+        "serve /metrics, /healthz and /readyz on this port only, not on the public "
+        "one (0: on the public port; /metrics then needs admin access when auth is on)",
+        parse=_whole(0, 65535),
+    )
+    rate_limits: str = setting(
+        "",
+        "token buckets kept in Redis, shared by all gateways, e.g. "
+        "'write:=100/s+200 read:chat/=50/s anonymous:read:=10/s' (README, Security)",
+    )
+    max_live_connections: int = setting(
+        20000, "live reads (SSE, long-poll) one process holds at once; more get 503"
+    )
+    max_live_per_credential: int = setting(
+        1000, "live reads one credential (or anonymous client address) may hold on one process; more get 503"
+    )
+    # write backpressure (features/backpressure.py): writes pause before Redis is full
+    write_pause_memory: str = setting(
+        "90%",
+        "refuse writes (PUT, POST with data: 503 + Retry-After) while Redis' used_memory "
+        "is above this, so the archive, deletes and reads keep room to work: a size (512mb, 2gb: "
+        "redis.conf's units) or a share of Redis' maxmemory (85%%; none when Redis has no maxmemory); "
+        "on Redis Cluster per primary (its streams pause). 0 or off: never",
+        parse=_memory_mark_text,
+    )
+    write_pause_archive_lag: float = setting(
+        0.0,
+        "refuse writes while the stream that has waited longest for an archive "
+        "worker has waited this many seconds (ds_archive_lag_seconds; 0: never)",
+    )
+    write_pause_retry_after: int = setting(
+        1,
+        "the Retry-After, in seconds, of writes refused by --write-pause-memory or --write-pause-archive-lag",
+        parse=_whole(1),
+    )
+    # the web console (gateway/http/console.py): auto, on or off
+    console: str = setting(
+        "auto",
+        "serve the web console at <prefix>/__ds/console/: on, off, or auto (on unless access "
+        "control is on without --auth-signing-key-file: its live tail needs signed URLs)",
+        parse=_one_of(*CONSOLE_MODES),
+    )
+    # subscriptions (README, Subscriptions): the API on every gateway, delivery by
+    # `durable-streams deliver` workers
+    webhook_allow: str = setting(
+        "",
+        "webhook targets exempt from the SSRF rules (https only, public addresses only): "
+        "comma-separated networks and host names, e.g. '127.0.0.0/8,localhost,*.svc.cluster.local' (they "
+        "may use http:// and private addresses); checked at creation and at every delivery",
+        commands=("serve", "deliver"),
+    )
+    subscription_max_streams: int = setting(
+        1000, "most explicit streams one subscription request may name", parse=_whole(1)
+    )
+    webhook_timeout: float = setting(
+        10.0,
+        "seconds a webhook receiver has to answer a delivery (then it is retried)",
+        parse=_POSITIVE,
+        commands=DELIVER,
+    )
+    webhook_concurrency: int = setting(
+        256, "webhook deliveries one worker has in flight at once", parse=_whole(1), commands=DELIVER
+    )
+    webhook_signing_key_file: str | None = setting(
+        None,
+        "an Ed25519 private key (PKCS#8 PEM, e.g. from a Secret) to sign "
+        "webhooks with: added to the keys in Redis and signing from now on; unset: a key made and "
+        "kept in Redis (`durable-streams webhook-keys rotate` replaces it)",
+        commands=DELIVER,
+    )
+    deliver_poll_seconds: float = setting(
+        0.1,
+        "how often a delivery worker looks at what is due (wakes, retries, leases)",
+        parse=_POSITIVE,
+        commands=DELIVER,
+    )
+    deliver_sweep_seconds: float = setting(
+        5.0,
+        "how often a delivery worker looks at every outbox for wakes it was not "
+        "told of (Redis Cluster: 16384 small reads)",
+        parse=_POSITIVE,
+        commands=DELIVER,
+    )
+
+    @property
+    def auth_enabled(self) -> bool:
+        """Access control is on once any source of credentials or grants is configured."""
+        return bool(
+            self.auth_tokens_file
+            or self.auth_jwt_key_file
+            or self.auth_jwks_url
+            or self.auth_signing_key_file
+            or self.auth_anonymous.strip()
+        )
+
+    @property
+    def archive_location(self) -> str:
+        return self.archive_url or os.path.join(self.data_dir, "archive")
+
+
+# Every setting's Spec, in the order of the fields (the order of --help and the reference).
+SPECS: Mapping[str, Spec] = {f.name: f.metadata[_SPEC] for f in fields(Settings)}
+
+
+def taken_by(command: str) -> tuple[str, ...]:
+    """The settings ``durable-streams <command>`` takes."""
+    if command not in COMMANDS:
+        raise ValueError(f"no command {command!r} takes settings")
+    return tuple(name for name, spec in SPECS.items() if command in spec.commands)
+
+
+def env_names(name: str) -> tuple[str, ...]:
+    """The environment variables a setting is read from, the first set (not blank) winning."""
+    return (env_name(name), *SPECS[name].also_env)
+
+
+class SettingsParser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line on stderr (exit code 2), not a usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def shown(name: str, raw: str) -> str:
     """A value as an error message may show it: a URL's password is not shown."""
     if name == "redis_url" and "@" in raw:
@@ -450,58 +635,9 @@ def shown(name: str, raw: str) -> str:
     return repr(raw)
 
 
-# Parsers of the settings that are more than "any number of the field's type" (which is
-# "not negative" for numbers).
-PARSERS: dict[str, Parse] = {
-    "port": _whole(1, 65535),
-    "admin_port": _whole(0, 65535),
-    "metrics_port": _whole(0, 65535),
-    "redis_url": _redis_url,
-    "prefix": _url_prefix,
-    "log_level": _log_level,
-    "log_format": _one_of(*LOG_FORMATS),
-    "console": _one_of(*CONSOLE_MODES),
-    "workers": _whole(1),
-    "redis_max_connections": _whole(1),
-    "max_body_bytes": _whole(1),
-    "max_snapshot_bytes": _whole(1),
-    "max_chunk_bytes": _whole(1),
-    "max_path_bytes": _whole(1),
-    "max_json_messages": _whole(0),
-    "max_inflight_body_bytes": _whole(1),
-    "archive_file_bytes": _whole(1),
-    "webhook_concurrency": _whole(1),
-    "subscription_max_streams": _whole(1),
-    "write_pause_memory": _memory_mark_text,
-    "write_pause_retry_after": _whole(1),
-    **{
-        name: _number(positive=True)
-        for name in (
-            "body_timeout",
-            "write_timeout",
-            "redis_timeout",
-            "keepalive_seconds",
-            "long_poll_timeout",
-            "sse_cycle_seconds",
-            "sse_heartbeat_seconds",
-            "archive_interval",
-            "archive_reconcile_seconds",
-            "archive_lease_seconds",
-            "archive_stall_seconds",
-            "auth_signed_url_max_seconds",
-            "min_replicas_ack_timeout",
-            "webhook_timeout",
-            "deliver_poll_seconds",
-            "deliver_sweep_seconds",
-        )
-    },
-}
-_BY_TYPE: dict[str, Parse] = {"int": _whole(0), "float": _number(), "bool": _boolean}
-
-
 def _parser(name: str, type_name: str, check: Callable[[str], object] | None) -> Parse:
     """``name``'s parser for argparse: ValueError becomes ArgumentTypeError with the whole story."""
-    base = PARSERS.get(name) or _BY_TYPE.get(type_name) or str
+    base = SPECS[name].parse or _BY_TYPE.get(type_name) or str
 
     def parse(raw: str) -> object:
         try:
@@ -512,9 +648,8 @@ def _parser(name: str, type_name: str, check: Callable[[str], object] | None) ->
                 except ValueError as exc:
                     raise ValueError(f"is not valid: {exc}") from None
         except ValueError as exc:
-            env = env_name(name) + (" or REDIS_URL" if name == "redis_url" else "")
             raise argparse.ArgumentTypeError(
-                f"{shown(name, raw)} {exc} (flag {flag_name(name)}, env {env})"
+                f"{shown(name, raw)} {exc} (flag {flag_name(name)}, env {' or '.join(env_names(name))})"
             ) from None
         return value
 
@@ -524,32 +659,31 @@ def _parser(name: str, type_name: str, check: Callable[[str], object] | None) ->
 
 def _env_default(name: str, default: object) -> object:
     """The environment's value, as a string for argparse to parse (or the field's default)."""
-    # A blank variable is an unset one (compose files write `X: ${X:-}`): the default.
-    raw = os.environ.get(env_name(name), "").strip() or None
-    if raw is None and name == "redis_url":
-        raw = os.environ.get("REDIS_URL", "").strip() or None
-    return default if raw is None else raw
-
-
-def serve_settings() -> list[str]:
-    return [f.name for f in fields(Settings) if f.name not in WORKER + DELIVERY]
+    for variable in env_names(name):
+        # A blank variable is an unset one (compose files write `X: ${X:-}`): the default.
+        raw = os.environ.get(variable, "").strip()
+        if raw:
+            return raw
+    return default
 
 
 def add_arguments(
     parser: argparse.ArgumentParser,
-    names: list[str] | tuple[str, ...] | None = None,
+    names: Iterable[str] | None = None,
     checks: Mapping[str, Callable[[str], object]] | None = None,
 ) -> None:
-    """Add ``--flag`` options (defaulting to the environment) for the settings named.
-    ``checks``: further validators of some settings' text (ValueError: a bad value),
-    e.g. the rule parsers of layers above this one."""
+    """Add ``--flag`` options (defaulting to the environment) for the settings named
+    (e.g. ``taken_by(command)``; None: all). ``checks``: further validators of some
+    settings' text (ValueError: a bad value), e.g. the rule parsers of layers above this
+    one; those of settings not named are not used."""
+    wanted = None if names is None else set(names)
     for f in fields(Settings):
-        if names is not None and f.name not in names:
+        if wanted is not None and f.name not in wanted:
             continue
         type_name = str(f.type).removesuffix(" | None")
         parse = _parser(f.name, type_name, (checks or {}).get(f.name))
         default = _env_default(f.name, f.default)
-        help_text = f"{HELP[f.name]} [env {env_name(f.name)}; default: %(default)s]"
+        help_text = f"{SPECS[f.name].help} [env {env_name(f.name)}; default: %(default)s]"
         if type_name == "bool":
             action = parser.add_argument(
                 flag_name(f.name), action=argparse.BooleanOptionalAction, default=default, help=help_text

@@ -1,4 +1,4 @@
-"""The command-line client (gateway/cli/client.py) and ``doctor`` against a real gateway
+"""The command-line client (gateway/cli/client*.py) and ``doctor`` against a real gateway
 and Redis: in-process through ``main`` (in a thread: it runs its own event loop), and
 ``tail`` as a process of its own (it runs until the stream closes, or SIGINT)."""
 
@@ -19,7 +19,7 @@ import aiohttp
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.cli import client
+from gateway.cli import client_read
 from gateway.cli.embedded import EmbeddedRedis
 from gateway.cli.main import build_parser, main
 from gateway.protocol import offsets
@@ -401,7 +401,7 @@ async def test_tail_ends_when_cancelled_even_if_a_library_swallowed_the_cancella
     """Ctrl-C cancels tail's task. Were the cancellation swallowed on its way out of a
     response (the response then just ends, as at an SSE cycle), tail must not reconnect
     forever: it checks its task is being cancelled before each reconnect."""
-    real_events = client._sse_events
+    real_events = client_read._sse_events
     swallow = True
 
     async def swallowing(response: aiohttp.ClientResponse) -> AsyncIterator[tuple[str, str]]:
@@ -413,13 +413,13 @@ async def test_tail_ends_when_cancelled_even_if_a_library_swallowed_the_cancella
                 return  # as if the server had ended the response
             raise
 
-    monkeypatch.setattr(client, "_sse_events", swallowing)
+    monkeypatch.setattr(client_read, "_sse_events", swallowing)
     async with serving(redis_url, sse_cycle_seconds=30.0) as base:
         name = _name()
         async with aiohttp.ClientSession() as http:
             await (await http.put(f"{base}/{name}", headers={"Content-Type": "text/plain"})).release()
         args = build_parser().parse_args(["tail", "--url", base, name, "--offset", "now"])
-        task = asyncio.create_task(client.tail(args))
+        task = asyncio.create_task(client_read.tail(args))
         await asyncio.sleep(0.5)  # following the stream, its response open
         task.cancel()
         done, _ = await asyncio.wait({task}, timeout=5)

@@ -56,8 +56,8 @@ def _rows(markdown: str) -> list[tuple[list[str], str, str]]:
 
 def test_every_setting_has_help() -> None:
     names = [f.name for f in fields(config.Settings)]
-    assert sorted(config.HELP) == sorted(names), "HELP and Settings name different settings"
-    empty = [name for name in names if not config.HELP[name].strip()]
+    assert list(config.SPECS) == names, "a Settings field is not declared with config.setting"
+    empty = [name for name in names if not config.SPECS[name].help.strip()]
     assert not empty, f"settings without help text: {empty}"
 
 

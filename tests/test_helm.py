@@ -20,7 +20,7 @@ import jsonschema
 import pytest
 import yaml
 
-from gateway.config import COMMON, DELIVERY, Settings, env_name
+from gateway.config import Settings, env_name, taken_by
 
 from .chart import CHART, ROOT, Rendered, RenderError, lint, render, validate
 
@@ -419,8 +419,7 @@ def test_delivery_workers_run_by_default() -> None:
     archive_env = {e["name"]: e.get("value") for e in _pod(rendered, "archive")["containers"][0]["env"]}
     assert archive_env["DURABLE_STREAMS_METRICS_PORT"] == "9464"
     # every setting a worker is given is one `durable-streams deliver` reads
-    reads = (*COMMON, *DELIVERY, "webhook_allow", "metrics_port", "redis_timeout")
-    deliver_reads = {env_name(n) for n in reads}
+    deliver_reads = {env_name(n) for n in taken_by("deliver")}
     assert {n for n in env if n.startswith("DURABLE_STREAMS_")} <= deliver_reads
     assert {"DURABLE_STREAMS_WEBHOOK_TIMEOUT", "DURABLE_STREAMS_WEBHOOK_CONCURRENCY",
             "DURABLE_STREAMS_DELIVER_POLL_SECONDS", "DURABLE_STREAMS_DELIVER_SWEEP_SECONDS",

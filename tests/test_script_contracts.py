@@ -281,6 +281,8 @@ def test_every_script_has_one_description_and_every_description_a_script() -> No
     assert sorted(SCRIPTS) == SCRIPT_NAMES
     assert sorted(NAMES) == SCRIPT_NAMES  # what Scripts registers
     assert all(contract.name == name for name, contract in SCRIPTS.items())
+    declared = [value.name for value in vars(contracts).values() if isinstance(value, Script)]
+    assert sorted(declared) == SCRIPT_NAMES, "a script declared twice in contracts.py"
 
 
 @pytest.mark.parametrize("name", SCRIPT_NAMES)

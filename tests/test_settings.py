@@ -3,6 +3,7 @@ the variable and the value, exit code 2, never a traceback."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -160,3 +161,15 @@ def test_write_pause_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     args = build_parser().parse_args(["serve", "--write-pause-memory", "off", "--no-archive-hints"])
     assert config.memory_mark(config.from_namespace(args).write_pause_memory) == config.MemoryMark()
     assert "--archive-hints" in (config.conflict(config.from_namespace(args)) or "")
+
+
+def test_each_command_takes_the_settings_declared_for_it() -> None:
+    """config.setting(commands=...) says which commands take a setting: their parsers agree."""
+    parser = build_parser()
+    (subcommands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    for command in config.COMMANDS:
+        flags = {flag for a in subcommands.choices[command]._actions for flag in a.option_strings}
+        taken = {name for name in config.SPECS if config.flag_name(name) in flags}
+        assert taken == set(config.taken_by(command)), command
+    with pytest.raises(ValueError):
+        config.taken_by("no-such-command")

@@ -1,4 +1,4 @@
-"""The PySpark data source (workers/spark_source.py) against a real gateway: batch reads,
+"""The PySpark data source (workers/spark_*.py) against a real gateway: batch reads,
 a streaming query that is stopped and restarted from its checkpoint while appends go on
 (every message exactly once, streams archived, deleted and created mid-query), and the
 sink's idempotent producers (a re-run batch stored once). The planning rules and the
@@ -31,8 +31,15 @@ from workers.archiver import Archiver, Policy
 from .conftest import start_gateway
 
 pytest.importorskip("pyspark", reason="pyspark is in the [test] extra")
-from workers import spark_source as source  # noqa: E402  (imports pyspark)
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes  # noqa: E402
+
 from workers import streams_client as client  # noqa: E402
+from workers.spark_options import ReadOptions  # noqa: E402
+from workers.spark_plan import Span, pack, plan_ends, spans  # noqa: E402
+from workers.spark_rows import SCHEMA  # noqa: E402
+from workers.spark_sink import Appended, WriteOptions, append_rows  # noqa: E402
+from workers.spark_source import DurableStreamsDataSource  # noqa: E402
+from workers.spark_stream_reader import DurableStreamsStreamReader  # noqa: E402
 
 JAVA = shutil.which("java") is not None or bool(os.environ.get("JAVA_HOME"))
 HOT0 = Policy(hot_bytes=0, hot_ms=0, min_bytes=1 << 20, max_delay_ms=0, file_bytes=1 << 20)
@@ -58,7 +65,7 @@ def spark():
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")
-    session.dataSource.register(source.DurableStreamsDataSource)
+    session.dataSource.register(DurableStreamsDataSource)
     yield session
     session.stop()
     if before is None:
@@ -171,27 +178,27 @@ def test_plan_ends_without_and_with_a_budget() -> None:
     t = client.token
     streams = {"a": info("a", 100), "b": info("b", 50, JSON), "c": info("c", 0), "d": info("d", 30)}
     # No budget: every tail; a new empty stream waits for its first byte; a gone one leaves.
-    end, waiting = source.plan_ends({"d": t(10), "gone": t(5)}, streams, None)
+    end, waiting = plan_ends({"d": t(10), "gone": t(5)}, streams, None)
     assert end == {"a": t(100), "b": t(50), "d": t(30)} and waiting == set()
     # Nothing new: the start as it was (Spark then runs no batch).
-    assert source.plan_ends({"a": t(100), "d": t(30)}, {"a": streams["a"], "d": streams["d"]}, 64)[0] == {
+    assert plan_ends({"a": t(100), "d": t(30)}, {"a": streams["a"], "d": streams["d"]}, 64)[0] == {
         "a": t(100),
         "d": t(30),
     }
     # A budget of 60 over a: 100 (bytes), b: 50 (JSON), d: 20 (bytes from 10). Smallest
     # backlog first, each at most an equal share: d takes 20, b (50 > 40/2) waits, a takes 40.
-    end, waiting = source.plan_ends({"d": t(10)}, streams, 60)
+    end, waiting = plan_ends({"d": t(10)}, streams, 60)
     assert end == {"d": t(30), "a": t(40)} and waiting == {"b"}
     # Next time b goes first, whole (a JSON stream ends on a message boundary: its tail).
-    end, waiting = source.plan_ends({"d": t(30), "a": t(40)}, streams, 60, waiting)
+    end, waiting = plan_ends({"d": t(30), "a": t(40)}, streams, 60, waiting)
     assert end == {"b": t(50), "d": t(30), "a": t(50)} and waiting == set()
     # Nothing fits: the first in line goes anyway (a soft budget, never a stall).
-    end, waiting = source.plan_ends({}, {"b": streams["b"]}, 10)
+    end, waiting = plan_ends({}, {"b": streams["b"]}, 10)
     assert end == {"b": t(50)} and waiting == set()
-    end, _ = source.plan_ends({}, {"a": streams["a"], "b": streams["b"]}, 1)
+    end, _ = plan_ends({}, {"a": streams["a"], "b": streams["b"]}, 1)
     assert end == {"a": t(1)}
     # A tail below the offset read to: created again, read from its start.
-    end, _ = source.plan_ends({"a": t(500)}, {"a": streams["a"]}, 30)
+    end, _ = plan_ends({"a": t(500)}, {"a": streams["a"]}, 30)
     assert end == {"a": t(30)}
 
 
@@ -199,22 +206,22 @@ def test_spans_and_partitions_are_functions_of_the_offsets() -> None:
     t = client.token
     start = {"a": t(10), "b": t(5), "c": t(7), "e": "-1"}
     end = {"a": t(110), "b": t(5), "c": t(3), "d": t(40), "e": t(9)}
-    items = source.spans(start, end)
+    items = spans(start, end)
     assert items == [
-        source.Span("a", t(10), t(110), 100),
-        source.Span("c", "-1", t(3), 3),  # below its start: created again
-        source.Span("d", "-1", t(40), 40),  # new: from the beginning
-        source.Span("e", "-1", t(9), 9),
+        Span("a", t(10), t(110), 100),
+        Span("c", "-1", t(3), 3),  # below its start: created again
+        Span("d", "-1", t(40), 40),  # new: from the beginning
+        Span("e", "-1", t(9), 9),
     ]
-    assert source.spans(start, end, streaming=False)[1] == source.Span("d", "-1", t(40), 40)  # c: nothing
-    assert source.pack(items, 10_000, overhead=0) == [items]
-    parts = source.pack(items, 60, overhead=5)
+    assert spans(start, end, streaming=False)[1] == Span("d", "-1", t(40), 40)  # c: nothing
+    assert pack(items, 10_000, overhead=0) == [items]
+    parts = pack(items, 60, overhead=5)
     assert parts == [[items[0]], [items[2], items[3]], [items[1]]]  # 45 + 14 fill one of 60
-    assert source.pack(list(reversed(items)), 60, overhead=5) == parts  # deterministic
+    assert pack(list(reversed(items)), 60, overhead=5) == parts  # deterministic
 
 
 def test_options_are_checked() -> None:
-    parse = source.ReadOptions.parse
+    parse = ReadOptions.parse
     with pytest.raises(ValueError, match="url"):
         parse({})
     with pytest.raises(ValueError, match="not both"):
@@ -292,12 +299,12 @@ async def test_stream_reader_plans(admin_http, base) -> None:
         await create(admin_http, f"{base}/{name}/{path}", BYTES)
         await append(admin_http, f"{base}/{name}/{path}", BYTES, b"0123456789")
     await create(admin_http, f"{base}/{name}/empty", JSON)
-    make = source.DurableStreamsStreamReader
+    make = DurableStreamsStreamReader
 
     def reader(**options: str) -> Any:
-        return make(source.ReadOptions.parse({"url": base, "token": ADMIN, "prefix": f"{name}/", **options}))
+        return make(ReadOptions.parse({"url": base, "token": ADMIN, "prefix": f"{name}/", **options}))
 
-    everything = source.ReadAllAvailable()
+    everything = ReadAllAvailable()
     latest = await asyncio.to_thread(lambda: reader(startingOffsets="latest").initialOffset())
     assert latest == {f"{name}/a": client.token(10), f"{name}/b": client.token(10)}  # not the empty one
     assert await asyncio.to_thread(lambda: reader().initialOffset()) == {}
@@ -308,8 +315,8 @@ async def test_stream_reader_plans(admin_http, base) -> None:
     await append(admin_http, f"{base}/{name}/c", BYTES, b"new")
     assert await asyncio.to_thread(now.latestOffset, {}, everything) == latest  # what was there
     live = reader(minPollIntervalMs="0", maxBytesPerTrigger="12")
-    assert live.getDefaultReadLimit() == source.ReadMaxBytes(12)
-    end = await asyncio.to_thread(live.latestOffset, {}, source.ReadMaxBytes(12))
+    assert live.getDefaultReadLimit() == ReadMaxBytes(12)
+    end = await asyncio.to_thread(live.latestOffset, {}, ReadMaxBytes(12))
     # Smallest backlog first, each at most an equal share of what is left: c 3, b 4, a 5.
     assert end == {f"{name}/a": client.token(5), f"{name}/b": client.token(4), f"{name}/c": client.token(3)}
     assert await asyncio.to_thread(live.latestOffset, end, everything) == {
@@ -325,7 +332,7 @@ async def test_stream_reader_plans(admin_http, base) -> None:
     }
     parts = live.partitions(end, {f"{name}/a": client.token(14), f"{name}/c": client.token(3)})
     assert [p.spans for p in parts] == [[(f"{name}/a", client.token(5), client.token(14))]]
-    stranger = make(source.ReadOptions.parse({"url": base, "prefix": f"{name}/"}))
+    stranger = make(ReadOptions.parse({"url": base, "prefix": f"{name}/"}))
     with pytest.raises(client.StreamsError):  # no credential: 401 stops the query
         await asyncio.to_thread(stranger.latestOffset, {}, everything)
 
@@ -335,15 +342,15 @@ async def test_appends_retried_are_stored_once(admin_http, base) -> None:
     epoch are all duplicates; the next epoch (the next batch) appends anew."""
     name = f"dup-{uuid.uuid4().hex[:8]}"
     await create(admin_http, f"{base}/{name}/b", BYTES)
-    options = source.WriteOptions(base, ADMIN, content_type=JSON, max_append_bytes=40)
+    options = WriteOptions(base, ADMIN, content_type=JSON, max_append_bytes=40)
     rows = [{"stream": f"{name}/j", "data": json.dumps({"n": n})} for n in range(30)]
     rows += [{"stream": f"{name}/b", "data": bytes([n]) * 7} for n in range(10)]
     random.Random(4).shuffle(rows)
 
-    def write(epoch: int, batch: list[dict[str, Any]]) -> source.Appended:
+    def write(epoch: int, batch: list[dict[str, Any]]) -> Appended:
         writer = client.Client(base, ADMIN)
         try:
-            return source.append_rows(writer, options, batch, "test-producer", epoch)
+            return append_rows(writer, options, batch, "test-producer", epoch)
         finally:
             writer.close()
 
@@ -406,7 +413,7 @@ async def test_batch_reads(spark, admin_http, base) -> None:
         return load(spark, base, READER, **options).collect()
 
     frame = await asyncio.to_thread(load, spark, base, READER, prefix=f"{name}/", partitionBytes=300)
-    assert frame.schema == source.SCHEMA
+    assert frame.schema == SCHEMA
     assert await asyncio.to_thread(lambda: frame.rdd.getNumPartitions()) == 2  # a stream each (300 B max)
     rows = await asyncio.to_thread(frame.collect)
     check(rows, expected)

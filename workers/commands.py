@@ -17,8 +17,7 @@ from typing import Any
 
 from gateway import config
 from gateway.cli.embedded import redis_url_or_running
-from gateway.cli.main import install_uvloop
-from gateway.protocol import ssrf
+from gateway.cli.main import RULES, install_uvloop
 
 
 def register_archive(commands: argparse._SubParsersAction[Any]) -> None:
@@ -32,7 +31,7 @@ def register_archive(commands: argparse._SubParsersAction[Any]) -> None:
         "for --archive-stall-seconds) are served there.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    config.add_arguments(parser, config.COMMON + config.WORKER)
+    config.add_arguments(parser, config.taken_by("archive"))
     parser.set_defaults(run=archive)
 
 
@@ -79,8 +78,7 @@ def register_deliver(commands: argparse._SubParsersAction[Any]) -> None:
         "are served there.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    names = config.COMMON + config.DELIVERY + ("webhook_allow", "metrics_port", "redis_timeout")
-    config.add_arguments(parser, names, {"webhook_allow": ssrf.parse_allow_list})  # a bad list: one line
+    config.add_arguments(parser, config.taken_by("deliver"), RULES)  # a bad --webhook-allow: one line
     parser.set_defaults(run=deliver)
 
 
@@ -107,7 +105,7 @@ def register_webhook_keys(commands: argparse._SubParsersAction[Any]) -> None:
     parser.add_argument(
         "--retire-after", type=float, default=900.0, help="seconds the old keys stay published"
     )
-    config.add_arguments(parser, config.COMMON)
+    config.add_arguments(parser, config.taken_by("webhook-keys"))
     parser.set_defaults(main=webhook_keys)
 
 

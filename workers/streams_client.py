@@ -1,5 +1,5 @@
 """A small synchronous Durable Streams client, for Spark's Python workers (the data source
-in ``workers/spark_source.py``): plain ``http.client`` over one kept-alive connection,
+in ``workers/spark_*.py``): plain ``http.client`` over one kept-alive connection,
 no event loop, nothing to install beyond the project's dependencies.
 
 It speaks the protocol like any client (catch-up reads following ``Stream-Next-Offset``,

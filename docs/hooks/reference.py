@@ -3,9 +3,9 @@
 A page holds a marker such as ``<!-- options: serve -->``; at build time the marker becomes a
 table of every option the ``durable-streams serve`` parser takes (the parser the command
 builds, so nothing can drift): flag, environment variable, default and help. For a setting
-(a field of ``gateway.config.Settings``) the default and the help come from ``Settings`` and
-``HELP``, the variable from ``env_name``; for any other option from argparse (its help's
-``[env X; default: Y]`` note goes into the columns). ``<!-- options: archive (own) -->``
+(a field of ``gateway.config.Settings``) the default, the help and the variables come from its
+declaration (``config.SPECS``, ``config.env_names``); for any other option from argparse (its
+help's ``[env X; default: Y]`` note goes into the columns). ``<!-- options: archive (own) -->``
 lists only the options ``serve`` does not take.
 
 The hook also publishes the load-test figures (``loadtest/results/``, outside ``docs/``) with
@@ -95,14 +95,11 @@ def _default(name: str, value: Any) -> str:
 
 
 def _setting_row(action: argparse.Action, field: dataclasses.Field[Any]) -> Row:
-    env = (config.env_name(field.name),)
-    if field.name == "redis_url":  # config._env_default reads REDIS_URL too
-        env += ("REDIS_URL",)
     return Row(
         tuple(action.option_strings),
-        env,
+        config.env_names(field.name),
         _default(field.name, field.default),
-        config.HELP[field.name].replace("%%", "%"),
+        config.SPECS[field.name].help.replace("%%", "%"),
         field.name,
     )
 

@@ -31,7 +31,6 @@ from ..redis_io import durability, keys, layout
 from ..redis_io.preflight import reason
 from .embedded import redis_url_or_running
 
-SETTINGS = ("redis_url", "redis_cluster", "data_dir", "redis_timeout", "archive_url")
 PINGS = 5
 SLOW_PING_MS = 5.0  # a p50 above this: every append waits on several round trips to Redis
 FSYNC_FIX = "CONFIG SET appendonly yes; CONFIG SET appendfsync always (and both in redis.conf)"
@@ -57,7 +56,7 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
         "`durable-streams serve` on the same --data-dir.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    config.add_arguments(parser, SETTINGS)
+    config.add_arguments(parser, config.taken_by("doctor"))
     parser.set_defaults(main=main)
 
 

@@ -31,7 +31,8 @@ from .embedded import EmbeddedRedis, Supervisor
 # its default. The archive worker's ``archive`` comes this way (workers/commands.py).
 COMMANDS = "durable_streams.commands"
 # Settings whose text follows a grammar of a layer above config.py: checked when parsed,
-# so a bad one is the same one line (exit code 2) as any other bad setting.
+# so a bad one is the same one line (exit code 2) as any other bad setting (every command
+# taking one of them passes these: workers/commands.py too).
 RULES: dict[str, Callable[[str], object]] = {
     "rate_limits": quotas.parse_rules,
     "auth_anonymous": access.parse_grants,
@@ -53,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Without --redis-url an embedded redis-server is started in --data-dir and stopped on exit.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    config.add_arguments(serve_parser, config.serve_settings(), RULES)
+    config.add_arguments(serve_parser, config.taken_by("serve"), RULES)
     serve_parser.set_defaults(run=serve)
     check.register(commands)
     migrate.register(commands)

@@ -21,8 +21,6 @@ from ..redis_io.preflight import reason
 from ..telemetry import logs
 from .embedded import redis_url_or_running
 
-SETTINGS = ("redis_url", "redis_cluster", "data_dir", "redis_timeout", "log_level", "log_format")
-
 
 def register(commands: argparse._SubParsersAction[Any]) -> None:
     parser = commands.add_parser(
@@ -39,7 +37,7 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
         help="then list in the stream index every stream missing there (idempotent): run it once "
         "gateways of a build from before layout v2 are all gone (streams they made are unlisted)",
     )
-    config.add_arguments(parser, SETTINGS)
+    config.add_arguments(parser, config.taken_by("migrate"))
     parser.set_defaults(main=main)
 
 

@@ -397,6 +397,12 @@ class Reader:
         self.scripts = scripts
         self.keys = StatsKeys(tag)
 
+    def recorder(self, readers: Callable[[str], int]) -> Recorder:
+        """This process' recorder, into the keys read here (``readers``: a stream's live
+        readers in this process)."""
+        hint_keys = keys.archive_hint_keys(self.scripts.cluster)
+        return Recorder(self.scripts, readers, hint_keys, tag=self.keys.tag)
+
     async def _pipeline(self, queue: Queue) -> list[Any]:
         return await self.scripts.route.pipeline(self.keys.live, queue)
 

@@ -45,14 +45,14 @@ class AccessLog:
         self.proxy_hops = proxy_hops
         log.setLevel(logging.INFO)  # on means on, whatever --log-level says
 
-    def record(self, request: web.Request, status: int, size: int, seconds: float) -> None:
+    def of(self, request: web.Request) -> tuple[str, str]:
+        """An aiohttp request's client address and target, as its line shows them."""
         url = request.rel_url
-        path = redacted_target(url.raw_path, url.raw_query_string)
-        self.line(client_ip(request, self.proxy_hops), request.method, path, status, size, seconds)
+        return client_ip(request, self.proxy_hops), redacted_target(url.raw_path, url.raw_query_string)
 
     def line(self, remote: str, method: str, path: str, status: int, size: int, seconds: float) -> None:
-        """One request's line (``path`` redacted already; http/fastpath.py's appends have
-        no query, so theirs is as sent)."""
+        """One request's line (``path`` redacted already; the append door's have no
+        query, so theirs is as sent)."""
         duration_ms = round(seconds * 1000, 3)
         log.info(
             '%s "%s %s" %d %d %.1fms',

@@ -12,7 +12,18 @@ from ..config import Settings, conflict, from_env
 from ..protocol import browser
 from ..telemetry import metrics
 from ..telemetry.logs import QUIET_MALFORMED
-from . import buckets, console, fastpath, handlers, lifecycle, listing, ops, stats, subscriptions
+from . import (
+    aiohttp_seam,
+    buckets,
+    console,
+    fastpath,
+    handlers,
+    lifecycle,
+    listing,
+    ops,
+    stats,
+    subscriptions,
+)
 from .accesslog import AccessLog
 from .context import GATEWAY
 from .endpoint import add_routes, endpoint, not_found, stream_route
@@ -70,10 +81,12 @@ def create_app(
         "client_max_size": settings.max_body_bytes,
         "handler_args": {"auto_decompress": False},
     }
-    if fastpath.usable(settings):  # plain appends answered on the connection itself (fastpath.py)
-        app = fastpath.fast_application(access, **options)
-    else:
-        app = web.Application(**options)
+    # Every connection aiohttp's, with plain appends answered by their own door when usable
+    # (fastpath.py); either way, a client's half-close is answered (aiohttp_seam.py).
+    door = fastpath.Connection if fastpath.usable(settings) else aiohttp_seam.Protocol
+    app = aiohttp_seam.application(door, **options)
+    if access is not None:
+        app[fastpath.ACCESS] = access
     if embedded:
         app[ops.EMBEDDED_REDIS] = redis_url
     guard = _guard(settings)

@@ -19,6 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
+from ..features.buckets import Buckets
 from ..protocol.buckets import (
     DEFAULT_BUCKET,
     LISTING,
@@ -31,7 +32,6 @@ from ..protocol.buckets import (
 )
 from ..protocol.errors import coded
 from ..protocol.listing import Position, encode_cursor, parse_query
-from ..streams.store import Store
 from . import snapshots
 from .context import gateway_of
 from .guard import Guard
@@ -41,8 +41,8 @@ from .listing import visible_page
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def _store(request: web.Request) -> Store:
-    return gateway_of(request).store
+def _buckets(request: web.Request) -> Buckets:
+    return gateway_of(request).store.buckets
 
 
 def _name(request: web.Request) -> str:
@@ -56,17 +56,17 @@ def _not_found(name: str) -> Exception:
 async def put_bucket(request: web.Request) -> web.Response:
     name = _name(request)
     await gateway_of(request).guard.admit_path(request, path_prefix(name), "write")
-    created = name != DEFAULT_BUCKET and await _store(request).create_bucket(name)
+    created = name != DEFAULT_BUCKET and await _buckets(request).create(name)
     return web.json_response({"bucket_id": name}, status=201 if created else 200)
 
 
 async def get_bucket(request: web.Request) -> web.Response:
     name = _name(request)
     await gateway_of(request).guard.admit_path(request, path_prefix(name), "read")
-    store = _store(request)
-    if not await store.bucket_exists(name):
+    buckets = _buckets(request)
+    if not await buckets.exists(name):
         raise _not_found(name)
-    return web.json_response({"bucket_id": name, "streams": await store.count_bucket(name)})
+    return web.json_response({"bucket_id": name, "streams": await buckets.count(name)})
 
 
 async def delete_bucket(request: web.Request) -> web.Response:
@@ -74,10 +74,10 @@ async def delete_bucket(request: web.Request) -> web.Response:
     await gateway_of(request).guard.admit_path(request, path_prefix(name), "admin")
     if name == DEFAULT_BUCKET:
         raise coded(409, "default_bucket", "the _default bucket holds the paths without '/': it stays")
-    store = _store(request)
-    if not await store.bucket_empty(name):
+    buckets = _buckets(request)
+    if not await buckets.empty(name):
         raise coded(409, "bucket_not_empty", f"bucket {name!r} has streams: delete them first")
-    if not await store.delete_bucket(name):
+    if not await buckets.delete(name):
         raise _not_found(name)
     return web.Response(status=204)
 
@@ -88,16 +88,17 @@ async def list_bucket(request: web.Request) -> web.Response:
     ``after`` and ``next_cursor`` are stream ids, on a cluster opaque)."""
     gw = gateway_of(request)
     name = _name(request)
-    parts = gw.store.index_parts
+    listing = gw.store.listing
+    parts = listing.parts
     query = parse_query(request.query, parts)
     full = path_prefix(name) + query.prefix
     principal = await gw.guard.admit_listing(request, full)
-    if not await gw.store.bucket_exists(name):
+    if not await gw.store.buckets.exists(name):
         raise _not_found(name)
     start = query.start
     if parts == 1 and start.after is not None:
         start = Position(0, stream_path(name, start.after))
-    page = await visible_page(gw.store, principal, full, start, query.limit, lambda p: in_bucket(name, p))
+    page = await visible_page(listing, principal, full, start, query.limit, lambda p: in_bucket(name, p))
     cursor = None
     if page.next is not None:
         after = page.next.after
@@ -138,7 +139,7 @@ async def admit_bucket_stream(guard: Guard, request: web.Request) -> None:
     pending = guard.admit_stream(request)
     if pending is not None:
         await pending
-    if request.method == "PUT" and not await gateway_of(request).store.bucket_exists(name):
+    if request.method == "PUT" and not await gateway_of(request).store.buckets.exists(name):
         raise _not_found(name)
 
 

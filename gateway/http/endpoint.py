@@ -1,62 +1,28 @@
-"""The wrapper every request goes through (admission, errors answered, security headers,
-the request metrics, the access log) and how a route's handlers are mounted with it."""
+"""aiohttp's door: the wrapper every route's requests go through (admission, then the
+pipeline's readiness, errors answered, sealed headers, metrics and access log:
+pipeline.py) and how a route's handlers are mounted with it."""
 
 from __future__ import annotations
 
-import json
-import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 
-import redis.exceptions
 from aiohttp import web
 
-from ..protocol import caching
-from ..protocol.errors import ProtocolError
-from ..redis_io.outcomes import UNAVAILABLE
-from ..telemetry import metrics
-from ..telemetry.logs import RateLimited
+from . import pipeline
 from .accesslog import AccessLog
 from .context import GATEWAY
-from .guard import Guard
+from .guard import Guard, principal_of
 
-log = logging.getLogger(__name__)
-limited = RateLimited(log)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # A Guard check a route's requests pass: raises a refusal, or returns what to await for the
 # rest of it (None: nothing; Guard.admit_stream without access control).
 Admit = Callable[[Guard, web.Request], Awaitable[None] | None]
 
 
-def error_answer(exc: Exception, method: str, path: str) -> tuple[int, dict[str, str], bytes]:
-    """The status, headers and body that answer ``exc``: ProtocolError → its status (not
-    logged: the client's mistake, or said to it); Redis unreachable or refusing → 503;
-    anything else is a bug → 500. Logged one line per kind at most every few seconds, so
-    a flood of bad requests is no flood of logs. (Also the connection's own append path's
-    answers, fastpath.py: both say the same.)"""
-    if isinstance(exc, ProtocolError):
-        if exc.body is not None:
-            return exc.status, {**_JSON, **exc.headers}, json.dumps(exc.body).encode()
-        return exc.status, {**_TEXT, **exc.headers}, (exc.message + "\n").encode()
-    if isinstance(exc, UNAVAILABLE):
-        limited.log(logging.WARNING, "unavailable", "redis unavailable: %s", exc)
-        return 503, {**_TEXT, "Retry-After": "1"}, b"storage unavailable, retry\n"
-    if isinstance(exc, redis.exceptions.ResponseError):  # e.g. OOM at maxmemory: Redis refused the write
-        limited.log(logging.WARNING, "refused", "redis refused a command: %s", exc)
-        return 503, {**_TEXT, "Retry-After": "5"}, b"storage refused the request\n"
-    if isinstance(exc, ConnectionError):  # the client left (e.g. before SSE headers went out): nobody to tell
-        return 499, dict(_TEXT), b"client closed the connection\n"
-    limited.log(logging.ERROR, type(exc).__name__, "%s %s failed", method, path, exc_info=exc)
-    return 500, dict(_TEXT), b"internal error\n"
-
-
-_TEXT = {"Content-Type": "text/plain; charset=utf-8"}
-_JSON = {"Content-Type": "application/json; charset=utf-8"}
-
-
 def error_response(request: web.Request, exc: Exception) -> web.Response:
-    """``error_answer`` as a response."""
-    status, headers, body = error_answer(exc, request.method, request.path)
+    """``pipeline.error_answer`` as a response."""
+    status, headers, body = pipeline.error_answer(exc, request.method, request.path)
     return web.Response(status=status, headers=headers, body=body)
 
 
@@ -94,10 +60,12 @@ def endpoint(
     async def guarded(request: web.Request) -> web.StreamResponse:
         started, status, size = time.perf_counter(), 500, 0
         gw = request.app[GATEWAY]
+        headers: MutableMapping[str, str] | None = None  # the answer's, to seal
+        response: web.StreamResponse | None = None
         try:
             try:
-                if storage and not gw.preflight.ready and request.method != "OPTIONS":
-                    raise ProtocolError(503, "storage not ready yet, retry", {"Retry-After": "2"})
+                if storage and (refusal := pipeline.unready(gw, request.method)) is not None:
+                    raise refusal
                 if admit is not None and (pending := admit(gw.guard, request)) is not None:
                     await pending
                 response = await handler(request)
@@ -105,31 +73,28 @@ def endpoint(
                 response = error_response(request, exc)
             status = response.status
             if not response.prepared:  # an event stream sent its own headers already
-                # SIGTERM came: Connection: close, so no proxy sends on this connection again. (An
-                # event stream's stays open: closed unannounced it could meet a proxy's next request.)
-                if gw.draining:
-                    response.force_close()
-                if status >= 400:  # a CDN must not keep a 404 past the stream's creation, nor a 503
-                    response.headers.setdefault("Cache-Control", caching.NO_STORE)
-                gw.guard.secure(request, response.headers)
+                headers = response.headers
             if access is not None:
                 size = _size(response)
             return response
         except web.HTTPException as exc:  # aiohttp's own answers, e.g. 413 from request.read()
-            status = exc.status
-            if gw.draining:
-                exc.force_close()
-            if status >= 400:
-                exc.headers.setdefault("Cache-Control", caching.NO_STORE)
-            gw.guard.secure(request, exc.headers)
+            status, headers, response = exc.status, exc.headers, exc
             raise
         finally:
-            gw.bodies.release(request)
+            if (
+                response is not None
+                and headers is not None
+                and pipeline.seal(gw, status, headers, request.headers.get("Origin"), principal_of(request))
+            ):
+                # (An event stream's stays open: closed unannounced it could meet a proxy's next request.)
+                response.force_close()
             name = route if isinstance(route, str) else route(request)
+            remote, target = access.of(request) if access is not None else ("", "")
             seconds = time.perf_counter() - started
-            metrics.observe_request(name, request.method, status, seconds)
-            if access is not None:
-                access.record(request, status, size, seconds)
+            pipeline.finish(
+                gw, request, name, request.method, status, seconds,
+                access=access, remote=remote, target=target, size=size,
+            )  # fmt: skip
 
     return guarded
 

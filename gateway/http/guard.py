@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping, MutableMapping
 
 from aiohttp import web
-from multidict import CIMultiDict
 
 from ..config import Settings
 from ..features.backpressure import WritePause
@@ -284,7 +283,11 @@ class Guard:
 
     def browser_headers(self, request: web.Request) -> dict[str, str]:
         """Security and CORS headers for an answer to ``request``."""
-        origin = request.headers.get("Origin")
+        return self.headers_for(request.headers.get("Origin"))
+
+    def headers_for(self, origin: str | None) -> dict[str, str]:
+        """Security and CORS headers for an answer to a request from ``origin`` (None: no
+        Origin header)."""
         if origin is None or self.origin_blind:
             return self.plain
         return {**browser.BASE, **browser.response_headers(self.cors, origin, EXPOSED)}
@@ -294,12 +297,18 @@ class Guard:
         private = h.get("Access-Control-Request-Private-Network") == "true"
         return browser.preflight_headers(self.cors, h.get("Origin"), private, EXPOSED)
 
-    def secure(self, request: web.Request, headers: CIMultiDict[str]) -> None:
+    def secure(self, request: web.Request, headers: MutableMapping[str, str]) -> None:
+        """``secure_answer`` for an aiohttp request."""
+        self.secure_answer(request.headers.get("Origin"), principal_of(request), headers)
+
+    def secure_answer(
+        self, origin: str | None, principal: Principal, headers: MutableMapping[str, str]
+    ) -> None:
         """Browser headers on an answer (unless a handler chose its own), and reads
         made with credentials kept out of shared caches."""
-        for name, value in self.browser_headers(request).items():
+        for name, value in self.headers_for(origin).items():
             headers.setdefault(name, value)
-        if self.auth is not None and not principal_of(request).anonymous:
+        if self.auth is not None and not principal.anonymous:
             cache = headers.get("Cache-Control")
             if cache is not None and cache.startswith("public"):
                 headers["Cache-Control"] = "private" + cache[len("public") :]

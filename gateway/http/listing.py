@@ -21,14 +21,13 @@ from typing import Any
 
 from aiohttp import web
 
-from ..features.listing import MAX_PRODUCERS, Listed, Page
+from ..features.listing import MAX_PRODUCERS, Listed, Listing, Page
 from ..protocol import offsets
 from ..protocol.access import Principal
 from ..protocol.errors import ProtocolError
 from ..protocol.listing import Position, check_listable, encode_cursor, parse_query, readable_prefixes
 from ..protocol.namespace import RESERVED
 from ..redis_io import keys
-from ..streams.store import Store
 from .context import gateway_of
 from .guard import principal_of
 from .handlers import options_stream, stream_name
@@ -36,10 +35,10 @@ from .handlers import options_stream, stream_name
 
 async def list_streams(request: web.Request) -> web.Response:
     gw = gateway_of(request)
-    parts = gw.store.index_parts
+    parts = gw.store.listing.parts
     query = parse_query(request.query, parts)
     principal = await gw.guard.admit_listing(request, query.prefix)
-    page = await visible_page(gw.store, principal, query.prefix, query.start, query.limit)
+    page = await visible_page(gw.store.listing, principal, query.prefix, query.start, query.limit)
     body = {
         "prefix": query.prefix,
         "streams": [_item(listed) for listed in page.streams],
@@ -50,7 +49,7 @@ async def list_streams(request: web.Request) -> web.Response:
 
 
 async def visible_page(
-    store: Store,
+    listing: Listing,
     principal: Principal,
     prefix: str,
     start: Position,
@@ -67,11 +66,11 @@ async def visible_page(
             return Page([], None)
         if not principal.allows("read", only):
             return Page([], None)
-        listed = await store.describe(keys.stream_id(only), producers=0)
+        listed = await listing.one(keys.stream_id(only), producers=0)
         return Page([] if listed is None else [listed], None)
     prefixes = readable_prefixes(principal, prefix)
     check_listable(principal, prefixes)
-    return await store.list_page(prefixes, start, limit, lambda p: within(p) and principal.allows("read", p))
+    return await listing.page(prefixes, start, limit, lambda p: within(p) and principal.allows("read", p))
 
 
 async def one_stream(request: web.Request) -> web.Response:
@@ -83,7 +82,7 @@ async def one_stream(request: web.Request) -> web.Response:
     await gw.guard.admit_path(request, path, "read")
     # Producer ids and sequence numbers are the writers' business: shown to those who may write.
     writer = principal_of(request).allows("write", path)
-    listed = await gw.store.describe(keys.stream_id(path), producers=MAX_PRODUCERS if writer else 0)
+    listed = await gw.store.listing.one(keys.stream_id(path), producers=MAX_PRODUCERS if writer else 0)
     if listed is None:
         raise ProtocolError(404, "stream not found")
     item = _item(listed)

@@ -13,7 +13,7 @@ import uuid
 
 from aiohttp import web
 
-from ..features.snapshots import Snapshot, State
+from ..features.snapshots import Snapshot, Snapshots, State
 from ..protocol import offsets
 from ..protocol.access import Scope
 from ..protocol.buckets import bucket_stream
@@ -22,7 +22,6 @@ from ..protocol.headers import DEFAULT_CONTENT_TYPE, validate_content_type
 from ..protocol.headers import STREAM_SNAPSHOT_OFFSET as SNAPSHOT_OFFSET
 from ..protocol.jsonmode import with_offset
 from ..redis_io import keys
-from ..streams.store import Store
 from .bodies import read_body
 from .context import gateway_of
 
@@ -63,7 +62,7 @@ async def put_snapshot(request: web.Request) -> web.Response:
     limit = gw.settings.max_snapshot_bytes
     timeout, budget = gw.settings.body_timeout, gw.bodies
     body = await read_body(request, max_bytes=limit, timeout=timeout, budget=budget, streamed=True)
-    tail = await gw.store.publish_snapshot(sid, position, content_type, body)
+    tail = await gw.store.snapshots.publish(sid, position, content_type, body)
     headers = {"Stream-Next-Offset": offsets.encode(tail), SNAPSHOT_OFFSET: offsets.encode(position)}
     return web.Response(status=204, headers=headers)
 
@@ -71,7 +70,7 @@ async def put_snapshot(request: web.Request) -> web.Response:
 async def latest_snapshot(request: web.Request) -> web.Response:
     """307 to the latest snapshot's own URL; 404 when none was published."""
     sid = await _stream(request, "read")
-    state = await gateway_of(request).store.snapshot_state(sid)
+    state = await gateway_of(request).store.snapshots.state(sid)
     if state.snapshot is None:
         raise ProtocolError(404, "no snapshot has been published for this stream")
     # The raw (still percent-encoded) path: a decoded '?' or '%' would name another URL.
@@ -82,12 +81,12 @@ async def latest_snapshot(request: web.Request) -> web.Response:
 async def get_snapshot(request: web.Request) -> web.Response:
     sid = await _stream(request, "read")
     position = _position(request)
-    store = gateway_of(request).store
-    state = await store.snapshot_state(sid)
+    snapshots = gateway_of(request).store.snapshots
+    state = await snapshots.state(sid)
     snapshot = state.snapshot
     blob = None
     if snapshot is not None and snapshot.position == position:
-        blob = await store.snapshot_blob(snapshot)
+        blob = await snapshots.blob(snapshot)
     if snapshot is None or blob is None:
         raise ProtocolError(404, "no snapshot at this offset (only the latest is kept)")
     headers = {"Content-Type": snapshot.content_type, **_state_headers(state, snapshot)}
@@ -100,21 +99,21 @@ async def delete_snapshot(request: web.Request) -> web.Response:
     """Snapshots are immutable (Ursula refuses every delete): the latest 409, others 404."""
     sid = await _stream(request, "admin")
     position = _position(request)
-    state = await gateway_of(request).store.snapshot_state(sid)
+    state = await gateway_of(request).store.snapshots.state(sid)
     if state.snapshot is not None and state.snapshot.position == position:
         raise ProtocolError(409, "the current snapshot cannot be deleted: publish a newer one")
     raise ProtocolError(404, "no snapshot at this offset")
 
 
-async def _with_blob(store: Store, sid: str) -> tuple[State, bytes]:
+async def _with_blob(snapshots: Snapshots, sid: str) -> tuple[State, bytes]:
     """The stream's state and its latest snapshot's blob (b"" without one). A blob replaced
     between the two reads: once more, with the newer one; one that stays missing (an
     archive store restored behind Redis) is 503, never an empty snapshot."""
     for _ in range(2):
-        state = await store.snapshot_state(sid)
+        state = await snapshots.state(sid)
         if state.snapshot is None:
             return state, b""
-        blob = await store.snapshot_blob(state.snapshot)
+        blob = await snapshots.blob(state.snapshot)
         if blob is not None:
             return state, blob
     raise ProtocolError(503, "the snapshot's blob is missing from the archive store", {"Retry-After": "1"})
@@ -136,7 +135,7 @@ async def bootstrap(request: web.Request) -> web.StreamResponse:
     # snapshot published in between raised the floor above this one (410): start again
     # from it. Once under way, the rest is read below the floor if need be (still stored).
     for attempt in range(3):
-        state, blob = await _with_blob(gw.store, sid)
+        state, blob = await _with_blob(gw.store.snapshots, sid)
         snapshot, end = state.snapshot, state.tail
         try:
             chunk = await gw.store.read(sid, snapshot.position if snapshot is not None else offsets.BEGINNING)

@@ -54,7 +54,7 @@ def _minutes(query: Mapping[str, str]) -> int:
 async def overview(request: web.Request) -> web.Response:
     gw = gateway_of(request)
     await gw.guard.admit_path(request, "", "read")  # every stream's figures: read on all of them
-    body = await gw.store.stats_overview(_minutes(request.query))
+    body = await gw.store.stats.overview(_minutes(request.query))
     return web.json_response(body, headers=NO_STORE)
 
 
@@ -63,7 +63,7 @@ async def one_stream(request: web.Request) -> web.Response:
     path = stream_name(request.match_info["path"], gw.settings.max_path_bytes)
     await gw.guard.admit_path(request, path, "read")
     sid = keys.stream_id(path)
-    listed = await gw.store.describe(sid, producers=0)
+    listed = await gw.store.listing.one(sid, producers=0)
     if listed is None:
         raise ProtocolError(404, "stream not found")
     body: dict[str, Any] = {
@@ -72,7 +72,7 @@ async def one_stream(request: web.Request) -> web.Response:
         "bytes": listed.meta.tail,
         "last_write_at_ms": listed.last_write_ms,
     }
-    body.update(await gw.store.stream_stats(sid, listed.meta.tail))
+    body.update(await gw.store.stats.stream(sid, listed.meta.tail))
     return web.json_response(body, headers=NO_STORE)
 
 
@@ -81,7 +81,7 @@ async def subscriptions(request: web.Request) -> web.Response:
     under = f"{RESERVED}/subscriptions/"
     principal = await gw.guard.admit_listing(request, under)
     check_listable(principal, readable_prefixes(principal, under))
-    body = await gw.store.subscription_stats(lambda sub: principal.allows("read", control_path(sub)))
+    body = await gw.store.stats.subscriptions(lambda sub: principal.allows("read", control_path(sub)))
     return web.json_response(body, headers=NO_STORE)
 
 
@@ -106,7 +106,7 @@ def install(app: web.Application, settings: Settings) -> None:
 
     async def start(app: web.Application) -> None:
         gw = app[GATEWAY]
-        recorder = gw.store.stats_recorder(gw.fanout.readers)
+        recorder = gw.store.stats.recorder(gw.fanout.readers)
         app[RECORDER] = recorder
         app[RECORDER_TASK] = asyncio.create_task(recorder.run(lambda: gw.preflight.ready), name="stats")
 

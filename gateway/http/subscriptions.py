@@ -21,7 +21,7 @@ from typing import Any
 
 from aiohttp import web
 
-from ..features.subscriptions import TOKEN_TTL_MS, Link, not_found
+from ..features.subscriptions import TOKEN_TTL_MS, Link, Subscriptions, not_found
 from ..protocol import access, ssrf
 from ..protocol.errors import coded
 from ..protocol.namespace import RESERVED
@@ -38,7 +38,6 @@ from ..protocol.subscriptions import (
     validate_id,
 )
 from ..protocol.webhooks import jwks as jwk_set
-from ..streams.store import Store
 from .bodies import read_body
 from .context import gateway_of
 from .guard import principal_of
@@ -49,8 +48,8 @@ DNS_TIMEOUT_SECONDS = 5.0
 MAX_CONTROL_BODY = 1024 * 1024  # a subscription's JSON: 1,000 paths of 1 KB at most
 
 
-def _store(request: web.Request) -> Store:
-    return gateway_of(request).store
+def _subscriptions(request: web.Request) -> Subscriptions:
+    return gateway_of(request).store.subscriptions
 
 
 def _id(request: web.Request) -> str:
@@ -125,11 +124,11 @@ def describe(sub: str, state: dict[str, str], links: list[Link], root: str, kid:
 
 
 async def _described(request: web.Request, sub: str, status: int = 200) -> web.Response:
-    store = _store(request)
-    found = await store.subscription(sub)
+    subs = _subscriptions(request)
+    found = await subs.get(sub)
     if found is None:
         raise not_found(sub)
-    kid = (await store.webhook_signer()).kid
+    kid = (await subs.signing.signer()).kid
     return web.json_response(describe(sub, *found, stream_root(request), kid), status=status)
 
 
@@ -153,7 +152,7 @@ async def put_subscription(request: web.Request) -> web.Response:
         access.check(principal, "write", config.wake_stream)
     if config.webhook_url is not None:
         await check_webhook_target(config.webhook_url, gw.webhook_policy)
-    created = await _store(request).create_subscription(sub, config, _now_iso(), stream_root(request))
+    created = await _subscriptions(request).create(sub, config, _now_iso(), stream_root(request))
     return await _described(request, sub, 201 if created else 200)
 
 
@@ -166,7 +165,7 @@ async def get_subscription(request: web.Request) -> web.Response:
 async def delete_subscription(request: web.Request) -> web.Response:
     sub = _id(request)
     await _admit(request, sub, "write")
-    if not await _store(request).delete_subscription(sub):
+    if not await _subscriptions(request).delete(sub):
         raise not_found(sub)
     return web.Response(status=204)
 
@@ -177,7 +176,7 @@ async def add_streams(request: web.Request) -> web.Response:
     paths = parse_membership(await _body(request), gateway_of(request).settings.subscription_max_streams)
     for path in paths:
         access.check(principal_of(request), "read", path)
-    await _store(request).add_subscription_streams(sub, paths)
+    await _subscriptions(request).add_streams(sub, paths)
     return web.Response(status=204)
 
 
@@ -185,7 +184,7 @@ async def remove_stream(request: web.Request) -> web.Response:
     sub = _id(request)
     await _admit(request, sub, "write")
     path = normalize_path(request.match_info["path"])
-    await _store(request).remove_subscription_stream(sub, path)
+    await _subscriptions(request).remove_stream(sub, path)
     return web.Response(status=204)
 
 
@@ -202,13 +201,13 @@ def _bearer(request: web.Request) -> str:
 async def _wake_call(request: web.Request, mode: str, kind: str) -> tuple[str, bool]:
     """A callback, ack or release: the wake token checked, then the fenced script."""
     sub = _id(request)
-    store = _store(request)
+    subs = _subscriptions(request)
     token = _bearer(request)
     ack = parse_ack(await _body(request))
-    claims = check_token([await store.subscription_secret()], token, sub, kind, int(time.time() * 1000))
+    claims = check_token([await subs.secret()], token, sub, kind, int(time.time() * 1000))
     if claims.generation != ack.generation or claims.wake_id != ack.wake_id:
         raise coded(409, "FENCED", "the token is for another wake")
-    return sub, await store.ack_subscription(mode, sub, ack)
+    return sub, await subs.ack(mode, sub, ack)
 
 
 async def callback(request: web.Request) -> web.Response:
@@ -230,10 +229,10 @@ async def claim(request: web.Request) -> web.Response:
     sub = _id(request)
     await _admit(request, sub, "write")
     worker = parse_claim(await _body(request))
-    store = _store(request)
-    claimed = await store.claim_subscription(sub, worker)
+    subs = _subscriptions(request)
+    claimed = await subs.claim(sub, worker)
     token = issue_token(
-        await store.subscription_secret(),
+        await subs.secret(),
         sub,
         claimed["generation"],
         claimed["wake_id"],
@@ -254,7 +253,7 @@ async def claim(request: web.Request) -> web.Response:
 
 async def jwks(request: web.Request) -> web.Response:
     """Spec 6.5: the public keys webhooks are signed with (and those about to be)."""
-    keys = await _store(request).published_signing_keys()
+    keys = await _subscriptions(request).signing.published()
     return web.json_response(
         jwk_set(keys),
         content_type="application/jwk-set+json",

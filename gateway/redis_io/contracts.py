@@ -18,7 +18,9 @@ shape's ``of`` when it ends in a variadic field: call sites read ``reply.tail``,
 ``reply[1]``. Reply fields are as Redis gives them (bytes, or text after
 ``Subscriptions.call``); conversions stay at the call sites.
 
-Call sites name a script by its description (``CREATE.name``), never by a string.
+Call sites name a script by its description (``CREATE.name``), never by a string. Each is
+declared once, below, with whether it ``writes``; ``SCRIPTS`` is every one, and what
+scripts.py loads.
 """
 
 from __future__ import annotations
@@ -44,7 +46,11 @@ class Script:
     """One script's contract: ``argv`` its fixed ARGV (None: none), ``tail`` the name of
     what follows them ('' nothing), ``groups`` the NamedTuple of each tail that repeats a
     group, ``replies`` the shape of each tagged reply the gateway reads (by status),
-    ``reply`` an untagged reply's shape (``repeats``: a flat list of them)."""
+    ``reply`` an untagged reply's shape (``repeats``: a flat list of them).
+
+    ``writes``: its writes are ones a client is told of, so with --min-replicas-ack a call
+    waits for the replicas (scripts.py). Not the reads (a sliding TTL's refresh may be lost
+    with a failover), nor rate_limit (its buckets are not replicated at all)."""
 
     name: str
     argv: Fields | None = None
@@ -53,6 +59,7 @@ class Script:
     replies: Mapping[str, Fields] = field(default_factory=dict)
     reply: Fields | None = None
     repeats: bool = False
+    writes: bool = True
 
     def args(self, *values: Any) -> list[Any]:
         """ARGV from values in order: the fixed ones through ``argv`` (their count
@@ -537,6 +544,7 @@ class SubResultArgv(NamedTuple):
 
 # -- the scripts ----------------------------------------------------------------------
 
+# Streams (streams/).
 _CONFLICTS = dict.fromkeys(("precondition_failed", "offset_conflict", "seq_regress"), AppendConflict)
 CREATE = Script(
     "create",
@@ -567,31 +575,40 @@ APPEND = Script(
     },
 )
 APPEND_PART = Script("append_part", AppendPartArgv, tail="entries", replies={"ok": AppendDone})
-READ = Script("read", ReadArgv, replies={"ok": ReadDone})
-READ_RANGE = Script("read_range", ReadRangeArgv, reply=RangeReply)
+READ = Script("read", ReadArgv, replies={"ok": ReadDone}, writes=False)
+READ_RANGE = Script("read_range", ReadRangeArgv, reply=RangeReply, writes=False)
 DELETE = Script("delete", DeleteArgv, replies={"deleted": Deleted})
 FORK_REF = Script("fork_ref", ForkRefArgv, replies={"ok": ForkReferenced})
 RELEASE_FORK = Script("release_fork", ReleaseForkArgv, replies={"collected": ForkReleased})
-STREAM_INFO = Script("stream_info", StreamInfoArgv, replies={"ok": StreamInfo})
+# The stream index (features/listing.py): the listing's look at a stream it found there, and
+# migrate's step that lists streams made before the index (layout.py).
+STREAM_INFO = Script("stream_info", StreamInfoArgv, replies={"ok": StreamInfo}, writes=False)
 INDEX_ADD = Script("index_add")
+# Migrate's step to layout v3 (layout.py): offsets kept by subscriptions, rewritten.
 HASH_SWAP = Script("hash_swap", tail="swaps", groups={"swaps": Group(HashSwap)})
+# Ursula's snapshots (features/snapshots.py): the stream's record of its latest one.
 SNAPSHOT_SET = Script("snapshot_set", SnapshotSetArgv, replies={"ok": SnapshotSet})
+# The archive worker's (KEYS: the stream's five, its lease and (not archive_lease) its
+# incarnation's segment set; fenced by the lease).
 ARCHIVE_LEASE = Script("archive_lease", ArchiveLeaseArgv)
-ARCHIVE_NAMED = Script("archive_named", ArchiveArgv, tail="files")
+ARCHIVE_NAMED = Script("archive_named", ArchiveArgv, tail="files", writes=False)
 ARCHIVE_STAGE = Script("archive_stage", ArchiveStageArgv)
 ARCHIVE_COMMIT = Script("archive_commit", ArchiveCommitArgv, replies={"ok": ArchiveCommitted})
 ARCHIVE_FORGET = Script("archive_forget", ArchiveArgv, tail="members")
-ARCHIVE_CHECK = Script("archive_check", ArchiveArgv)
+ARCHIVE_CHECK = Script("archive_check", ArchiveArgv, writes=False)
 ARCHIVE_RETAIN = Script("archive_retain", ArchiveRetainArgv, replies={"ok": ArchiveRetained})
-RATE_LIMIT = Script("rate_limit", tail="takes", groups={"takes": Group(RateTake)})
-STREAM_SUBS = Script("stream_subs", reply=StreamSubs)
+# KEYS: token buckets (keys.rate_bucket), no stream's; see features/ratelimit.py.
+RATE_LIMIT = Script("rate_limit", tail="takes", groups={"takes": Group(RateTake)}, writes=False)
+# Subscriptions (features/subscriptions.py): a stream's side (its links, its slot's outbox).
+STREAM_SUBS = Script("stream_subs", reply=StreamSubs, writes=False)
 STREAM_LINK = Script("stream_link", StreamLinkArgv, tail="links", groups={"links": Group(StreamLink)})
 OUTBOX_TAKE = Script("outbox_take", OutboxTakeArgv, reply=OutboxTaken, repeats=True)
 OUTBOX_DONE = Script("outbox_done", OutboxDoneArgv)
 DUE_TAKE = Script("due_take", DueTakeArgv)
 INDEX_SET = Script("index_set", IndexSetArgv)
+# A subscription's side (KEYS: keys.sub_keys; _subs.lua put in front).
 SUB_CREATE = Script("sub_create", SubCreateArgv, tail="streams", groups={"streams": Group(PathTail)})
-SUB_GET = Script("sub_get", reply=SubGot)
+SUB_GET = Script("sub_get", reply=SubGot, writes=False)
 SUB_DELETE = Script("sub_delete", SubDeleteArgv)
 SUB_LINKS = Script("sub_links", SubLinksArgv, tail="streams", replies={"ok": SubLinked})
 SUB_NOTE = Script(
@@ -618,43 +635,6 @@ SUB_STEP = Script(
 )
 SUB_RESULT = Script("sub_result", SubResultArgv, replies={"ok": SubWoke})
 
-SCRIPTS: dict[str, Script] = {
-    s.name: s
-    for s in (
-        CREATE,
-        APPEND,
-        APPEND_PART,
-        READ,
-        READ_RANGE,
-        DELETE,
-        FORK_REF,
-        RELEASE_FORK,
-        STREAM_INFO,
-        INDEX_ADD,
-        HASH_SWAP,
-        SNAPSHOT_SET,
-        ARCHIVE_LEASE,
-        ARCHIVE_NAMED,
-        ARCHIVE_STAGE,
-        ARCHIVE_COMMIT,
-        ARCHIVE_FORGET,
-        ARCHIVE_CHECK,
-        ARCHIVE_RETAIN,
-        RATE_LIMIT,
-        STREAM_SUBS,
-        STREAM_LINK,
-        OUTBOX_TAKE,
-        OUTBOX_DONE,
-        DUE_TAKE,
-        INDEX_SET,
-        SUB_CREATE,
-        SUB_GET,
-        SUB_DELETE,
-        SUB_LINKS,
-        SUB_NOTE,
-        SUB_CLAIM,
-        SUB_ACK,
-        SUB_STEP,
-        SUB_RESULT,
-    )
-}
+# Every script in lua/, by name: the module's Script constants above, in their order (each
+# declared once, there; scripts.py loads these).
+SCRIPTS: dict[str, Script] = {s.name: s for s in list(globals().values()) if isinstance(s, Script)}

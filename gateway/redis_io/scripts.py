@@ -30,71 +30,14 @@ from ..protocol.models import text
 from ..telemetry import metrics
 from . import connections, keys
 from .connections import NotSent, WatchedWrite, connect, every_node
+from .contracts import SCRIPTS
 from .lua import source
 from .routing import ClusterRoute, DirectRoute, Queue, Route, did_not_run
 
 log = logging.getLogger(__name__)
-# Each one's ARGV and replies: contracts.py (tests/test_script_contracts.py checks that
-# both name the same scripts, and each description against its script's header).
-NAMES = (
-    "create",
-    "append",
-    "append_part",
-    "read",
-    "read_range",
-    "delete",
-    "fork_ref",
-    "release_fork",
-    # the stream index (features/listing.py): the listing's look at a stream it found
-    # there, and migrate's step that lists streams made before the index (layout.py)
-    "stream_info",
-    "index_add",
-    # migrate's step to layout v3 (layout.py): offsets kept by subscriptions, rewritten
-    "hash_swap",
-    # Ursula's snapshots (features/snapshots.py): the stream's record of its latest one
-    "snapshot_set",
-    # the archive worker's (KEYS: the stream's five, its lease and (not archive_lease)
-    # its incarnation's segment set; fenced by the lease)
-    "archive_lease",
-    "archive_named",
-    "archive_stage",
-    "archive_commit",
-    "archive_forget",
-    "archive_check",
-    "archive_retain",
-    # KEYS: token buckets (keys.rate_bucket), no stream's; see features/ratelimit.py
-    "rate_limit",
-    # subscriptions (features/subscriptions.py): a stream's side (its links, its slot's outbox)
-    "stream_subs",
-    "stream_link",
-    "outbox_take",
-    "outbox_done",
-    "due_take",
-    "index_set",
-    # a subscription's side (KEYS: keys.sub_keys; _subs.lua put in front)
-    "sub_create",
-    "sub_get",
-    "sub_delete",
-    "sub_links",
-    "sub_note",
-    "sub_step",
-    "sub_result",
-    "sub_claim",
-    "sub_ack",
-)
-# Scripts whose writes a client is told of: with --min-replicas-ack they wait for the
-# replicas. Not the reads (a sliding TTL's refresh may be lost with a failover), nor
-# rate_limit (its buckets are not replicated at all).
-WRITES = frozenset(NAMES) - {
-    "read",
-    "read_range",
-    "stream_info",
-    "archive_named",
-    "archive_check",
-    "rate_limit",
-    "stream_subs",
-    "sub_get",
-}
+# Every script, declared once with its ARGV, its replies and whether it writes: contracts.py
+# (tests/test_script_contracts.py checks each against its script's header).
+NAMES = tuple(SCRIPTS)
 
 
 async def timed(name: str, call: Awaitable[Any]) -> Any:
@@ -291,8 +234,8 @@ class Scripts:
         return replies[0]
 
     def _ack(self, name: str) -> ReplicaAck | None:
-        """The replicas a script waits for: writes only (WRITES), with --min-replicas-ack."""
-        return self.replica_ack if name in WRITES else None
+        """The replicas a script waits for: writes only (``Script.writes``), with --min-replicas-ack."""
+        return self.replica_ack if SCRIPTS[name].writes else None
 
     def _queue(
         self, pipe: Pipeline, name: str, calls: Sequence[tuple[list[str], Sequence[Any]]], by_sha: bool = True

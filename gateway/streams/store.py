@@ -1,4 +1,5 @@
-"""The Store: every operation the HTTP handlers call, on Redis.
+"""The Store: the stream operations the HTTP handlers call, on Redis, and the side
+features' state beside them.
 
 Most operations are one script call on one stream's keys (one hash tag, see
 keys.py), so each runs on the one Redis Cluster node serving the stream. The
@@ -13,21 +14,21 @@ exceptions:
   source may be on different nodes; the comments at each step say why an
   interruption between steps is harmless.
 This module builds the parts above and holds create and delete; the other verbs are
-the parts' own methods.
+the parts' own methods. The side features are their own objects (features/), built here
+and reached as ``store.buckets.create(...)``, ``store.subscriptions.claim(...)``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
 
 from ..archive.cold import ColdReader
 from ..features.buckets import Buckets
 from ..features.hints import Hints
 from ..features.listing import IndexSweep, Listing
 from ..features.snapshots import Snapshots
-from ..features.stats import Reader, Recorder
+from ..features.stats import Reader
 from ..features.subscriptions import Subscriptions
 from ..protocol.conditions import precondition_failed
 from ..protocol.entries import flatten, pack_messages
@@ -55,9 +56,11 @@ from .registry import JSON, Registry, created_event, deleted_event
 
 
 class Store:
-    """The facade: every operation the HTTP handlers ask of Redis, as a verb. Its parts
-    (appends, reads, forks, hints, the registry and the side features' state) are private;
-    what they need is given at construction and never changed after.
+    """The facade: every stream operation the HTTP handlers ask of Redis, as a verb, and
+    the side features' state as objects of their own (``buckets``, ``listing``,
+    ``snapshots``, ``subscriptions``, ``stats``). The stream's parts (appends, reads,
+    forks, hints, the registry) are private; what every part needs is given at
+    construction and never changed after.
 
     Verbs that are a part's own method are bound here, not wrapped: a wrapper would repeat
     the signature and cost every request one more coroutine (see appends.py, reads.py)."""
@@ -78,13 +81,16 @@ class Store:
         self._reads = Reads(scripts, cold, max_chunk_bytes, read_inline_bytes)
         self._appends = Appends(scripts, self._hints, notice_payload_bytes)
         self._forks = Forks(scripts, self._reads, max_chunk_bytes)
-        self._subscriptions = Subscriptions(scripts)
-        self._listing = Listing(scripts)
-        self._index_sweep = IndexSweep(self._listing)
-        self._buckets = Buckets(self._listing)
-        self._snapshots = Snapshots(scripts, cold.archive)
-        self._stats = Reader(scripts)
         self._registry = Registry(self._make_registry, self._registry_append, enabled=stream_registry)
+        # The side features: the stream index (one stream as listed, a page of paths, its
+        # parts), Ursula's buckets and snapshots, subscriptions and webhook signing, the
+        # console's live statistics.
+        self.listing = Listing(scripts)
+        self.buckets = Buckets(self.listing)
+        self.snapshots = Snapshots(scripts, cold.archive)
+        self.subscriptions = Subscriptions(scripts)
+        self.stats = Reader(scripts)
+        self._index_sweep = IndexSweep(self.listing)
         self._hints_task: asyncio.Task[None] | None = None
         self._sweep_task: asyncio.Task[None] | None = None
         if scripts.cluster:  # the outbox's table of slot tags, now (~0.5 s) rather than at an append
@@ -95,42 +101,8 @@ class Store:
         self.head = self._reads.head
         self.read = self._reads.read
         self.read_shared = self._reads.read_shared
-        # The stream index: one stream as listed, a page of paths, how many parts the index has.
-        self.describe = self._listing.one
-        self.list_page = self._listing.page
-        self.index_parts = self._listing.parts
-        # Buckets.
-        self.create_bucket = self._buckets.create
-        self.bucket_exists = self._buckets.exists
-        self.bucket_empty = self._buckets.empty
-        self.count_bucket = self._buckets.count
-        self.delete_bucket = self._buckets.delete
-        # Application snapshots.
-        self.publish_snapshot = self._snapshots.publish
-        self.snapshot_state = self._snapshots.state
-        self.snapshot_blob = self._snapshots.blob
-        # Subscriptions and webhook signing.
-        self.subscription = self._subscriptions.get
-        self.create_subscription = self._subscriptions.create
-        self.delete_subscription = self._subscriptions.delete
-        self.add_subscription_streams = self._subscriptions.add_streams
-        self.remove_subscription_stream = self._subscriptions.remove_stream
-        self.claim_subscription = self._subscriptions.claim
-        self.ack_subscription = self._subscriptions.ack
-        self.subscription_secret = self._subscriptions.secret
-        self.webhook_signer = self._subscriptions.signing.signer
-        self.published_signing_keys = self._subscriptions.signing.published
-        # The console's live statistics.
-        self.stats_overview = self._stats.overview
-        self.stream_stats = self._stats.stream
-        self.subscription_stats = self._stats.subscriptions
         # Operations: whether Redis answers with the scripts loaded (/readyz).
         self.check_ready = scripts.ready
-
-    def stats_recorder(self, readers: Callable[[str], int]) -> Recorder:
-        """This process' recorder of the console's statistics (``readers``: a stream's
-        live readers here)."""
-        return Recorder(self._scripts, readers, self._hints.hint_keys.all)
 
     def start(self) -> None:
         """The background work: archive hints sent each second, the stream index swept."""
@@ -197,7 +169,7 @@ class Store:
         fork: ForkPlan | None,
     ) -> tuple[bool, Meta]:
         script_keys = self.keys_with_subscribers(sid, keys.stream_born(sid))
-        record = await self._subscriptions.workers.alive()
+        record = await self.subscriptions.workers.alive()
         argv = CreateArgv(
             content_type=content_type,
             media_type=media_type,
@@ -263,4 +235,4 @@ class Store:
             deleted = Deleted(*result)
             await self._forks.release(sid, text(deleted.source), text(deleted.source_uid))
             if text(deleted.snapshot_file):
-                await self._snapshots.forget(text(deleted.snapshot_file))
+                await self.snapshots.forget(text(deleted.snapshot_file))
