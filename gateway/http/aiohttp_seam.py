@@ -38,7 +38,7 @@ PRIVATE: Final = {
         "_parser", "_messages", "_request_in_progress", "_waiter", "_request_count",
         "_handler_waiter", "_keepalive_handle", "_keepalive_timeout", "_next_keepalive_close_time",
         "_process_keepalive", "_manager", "_loop", "_close", "_force_close", "_buffer_paused",
-        "_reading_paused",
+        "_reading_paused", "_current_request",
     ),
     web.Application: ("_make_handler",),
     web.Server: ("_kwargs", "_loop"),
@@ -139,6 +139,10 @@ class Protocol(RequestHandler):
                 self._keepalive_handle = self._loop.call_at(
                     self._next_keepalive_close_time, self._process_keepalive
                 )
+        if self.half_closed and not self._framer.complete():  # a FIN cut the next request short
+            if transport is not None:
+                transport.close()
+            return
         if self._framer.waiting():
             self.data_received(b"")  # aiohttp's own way to go on parsing (as it resumes reading)
         if self.half_closed and self._all_answered() and transport is not None:
@@ -146,7 +150,9 @@ class Protocol(RequestHandler):
 
     def aiohttp_idle(self) -> bool:
         """aiohttp has no message in hand: it waits for its next, or never had one (its
-        start() task may not have run yet on a new connection)."""
+        start() task may not have run yet on a new connection). With no waiter and requests
+        before, start() is between its queue and a handler (popped, the handler's task not
+        run yet; or answered, not yet back at the queue): busy."""
         if self._messages or self._request_in_progress:
             return False
         waiter = self._waiter
@@ -167,15 +173,25 @@ class Protocol(RequestHandler):
         super()._process_keepalive()
 
     def eof_received(self) -> bool | None:  # type: ignore[override]
-        """The client half-closed. What it sent whole is still answered, then the connection
-        closes (returning True keeps the transport open for writing). A request cut short
-        (a body not all in) cannot be: the connection closes now, as aiohttp did."""
+        """The client half-closed (asyncio: returning True keeps the transport open for
+        writing; uvloop may call this again). What it sent whole is still answered, then the
+        connection closes. Closed at once: a connection with nothing to answer; a live read
+        (SSE, long-poll: a reader that closed is gone, whatever it left half open); and a
+        request cut short (a body not all in), after the door's answer if one is under way."""
         self.half_closed = True
-        if not self._framer.complete() or self._all_answered():
+        if self._all_answered() or self._live():
             return None
-        if self._request_in_progress and not self._own and not self._messages and not self._framer.held:
-            self.close()  # aiohttp's current request is the last: it closes after answering it
+        if not self._framer.complete():
+            return True if self._own else None  # (done() closes after the door's answer)
+        if not self._own and not self._messages and not self._framer.held:
+            # aiohttp holds the last message (its handler perhaps not started yet, or done and
+            # start() not back at its queue): it closes the connection after answering it.
+            self.close()
         return True
+
+    def _live(self) -> bool:
+        request = self._current_request
+        return request is not None and request.query.get("live") in ("sse", "long-poll")
 
     def _all_answered(self) -> bool:
         return not self._own and not self._framer.held and self.aiohttp_idle()
@@ -186,12 +202,14 @@ class Protocol(RequestHandler):
             self.close()
 
     def _hold_reading(self, held: int) -> None:
-        """Reading pauses while too many messages wait behind the door's, and resumes
-        (unless aiohttp holds it paused itself) once they went on."""
+        """Reading pauses while too many messages wait behind the door's, or an upgrade does
+        (nothing after it can be parsed), and resumes (unless aiohttp holds it paused itself)
+        once they went on. The transport is paused directly, not through aiohttp's flags:
+        aiohttp may resume it (a body read), so every _go_on ends here, deciding again."""
         transport = self.transport
         if transport is None:
             return
-        if held >= MAX_HELD:
+        if held >= MAX_HELD or (held and self._framer.upgrading()):
             if transport.is_reading():
                 transport.pause_reading()
         elif not self._buffer_paused and not self._reading_paused and not transport.is_reading():
@@ -228,7 +246,8 @@ class _Framer:
             self._error, messages, upgraded, tail = exc, (), False, b""
         if messages:
             self.held.extend(messages)
-            self._last = messages[-1][1]
+            last = self._last = messages[-1][1]  # (let go once whole: a body aiohttp never read)
+            last.on_eof(lambda: setattr(self, "_last", None) if self._last is last else None)
         if upgraded:
             self._upgrade_tail = tail
         # Called again from within take (reading a body can resume reading): the loop under
@@ -242,7 +261,8 @@ class _Framer:
         try:
             while held and not door.busy:
                 message, payload = held.popleft()
-                if door.aiohttp_idle() and door.take(message, payload):
+                # (an upgrade is aiohttp's: what follows it is not HTTP, and only it decides)
+                if not message.upgrade and door.aiohttp_idle() and door.take(message, payload):
                     self._parser.message_consumed()  # (aiohttp's queue slot, which it never took)
                 else:  # aiohttp's, and so is everything behind it: it answers them in order
                     out.append((message, payload))
@@ -266,6 +286,9 @@ class _Framer:
     def waiting(self) -> bool:
         """Something waits for the door's answer: messages, a parse error, an upgrade's tail."""
         return bool(self.held) or self._error is not None or self._upgrade_tail is not None
+
+    def upgrading(self) -> bool:
+        return self._upgrade_tail is not None
 
     def complete(self) -> bool:
         """Every message framed so far has its whole body (nothing cut short by a FIN)."""

@@ -145,15 +145,22 @@ class Connection(Protocol):
                 headers["Connection"] = "close"
                 self.close()  # (the transport once it is written: done())
             self._write(status, headers, content)
+        except Exception:  # an answer that cannot be written: later ones must not take its place
+            if self.transport is not None:
+                self.transport.close()
+            raise
         finally:
-            access = self._access
-            remote = "" if access is None else peer_ip(h.getall("X-Forwarded-For", []), self._remote(), hops)
-            seconds = time.perf_counter() - started
-            pipeline.finish(
-                gw, self, "stream", "POST", status, seconds,
-                fast=True, access=access, remote=remote, target=target, size=len(content),
-            )  # fmt: skip
-            self.done()
+            try:
+                access = self._access
+                xff = h.getall("X-Forwarded-For", [])
+                remote = "" if access is None else peer_ip(xff, self._remote(), hops)
+                seconds = time.perf_counter() - started
+                pipeline.finish(
+                    gw, self, "stream", "POST", status, seconds,
+                    fast=True, access=access, remote=remote, target=target, size=len(content),
+                )  # fmt: skip
+            finally:
+                self.done()  # whatever happened: the messages behind it go on
 
     def _remote(self) -> str | None:
         """The peer's address, as aiohttp's ``request.remote`` has it."""
