@@ -38,7 +38,7 @@ from ..protocol.access import OPEN, Principal
 from ..protocol.namespace import RESERVED
 from . import pipeline
 from .accesslog import AccessLog
-from .aiohttp_seam import Protocol
+from .aiohttp_seam import Protocol, whole_body
 from .auth import peer_address, peer_ip
 from .context import GATEWAY, Gateway
 from .handlers import append_asked, append_body, valid_stream_id
@@ -61,11 +61,12 @@ def usable(settings: Settings) -> bool:
 
 
 class Connection(Protocol):
-    __slots__ = ("_gw", "_prefix", "_access")
+    __slots__ = ("_gw", "_prefix", "_access", "_plain")
 
     _gw: Gateway | None
     _prefix: str
     _access: AccessLog | None
+    _plain: str  # the browser headers of an answer to a request without Origin, serialised
 
     def take(self, message: RawRequestMessage, payload: StreamReader) -> bool:
         if message.method != "POST" or self.writing_paused:
@@ -106,7 +107,7 @@ class Connection(Protocol):
             or "Content-Encoding" in h
         ):
             return False
-        body = payload.read_nowait(-1)
+        body = whole_body(payload)
         self.begin()
         self._loop.create_task(self._append(gw, message, target, body))
         return True
@@ -119,6 +120,8 @@ class Connection(Protocol):
             if gw is not None:
                 self._prefix = gw.settings.prefix.rstrip("/") + "/"
                 self._access = self.app.get(ACCESS)
+                plain = gw.guard.headers_for(None)
+                self._plain = "".join(f"{name}: {value}\r\n" for name, value in plain.items())
         return gw
 
     async def _append(self, gw: Gateway, message: RawRequestMessage, target: str, body: bytes) -> None:
@@ -141,7 +144,8 @@ class Connection(Protocol):
                 status, headers = await append_body(gw, self, sid, asked, h.get("Content-Type"), body)
             except Exception as exc:
                 status, headers, content = pipeline.error_answer(exc, "POST", target)
-            if pipeline.seal(gw, status, headers, None, principal):
+            # (the browser headers: _write's, as seal would add them; none is an append answer's)
+            if pipeline.seal(gw, status, headers, None, principal, False):
                 headers["Connection"] = "close"
                 self.close()  # (the transport once it is written: done())
             self._write(status, headers, content)
@@ -156,9 +160,8 @@ class Connection(Protocol):
                 remote = "" if access is None else peer_ip(xff, self._remote(), hops)
                 seconds = time.perf_counter() - started
                 pipeline.finish(
-                    gw, self, "stream", "POST", status, seconds,
-                    fast=True, access=access, remote=remote, target=target, size=len(content),
-                )  # fmt: skip
+                    gw, self, "stream", "POST", status, seconds, True, access, remote, target, len(content)
+                )
             finally:
                 self.done()  # whatever happened: the messages behind it go on
 
@@ -173,6 +176,7 @@ class Connection(Protocol):
             return  # the client left; the append counts all the same, as on aiohttp's path
         lines = [f"HTTP/1.1 {status} {_REASONS.get(status, '')}\r\n"]
         lines += [f"{name}: {value}\r\n" for name, value in headers.items()]
+        lines.append(self._plain)
         if status not in _NO_BODY:
             lines.append(f"Content-Length: {len(content)}\r\n")
         lines += ("Date: ", rfc822_formatted_time(), "\r\n", _SERVER, "\r\n")

@@ -63,13 +63,21 @@ def error_answer(exc: Exception, method: str, path: str) -> tuple[int, dict[str,
 
 
 def seal(
-    gw: Gateway, status: int, headers: MutableMapping[str, str], origin: str | None, principal: Principal
+    gw: Gateway,
+    status: int,
+    headers: MutableMapping[str, str],
+    origin: str | None,
+    principal: Principal,
+    browser: bool = True,
 ) -> bool:
     """Complete an answer's headers; whether it is the connection's last (draining: it
-    says ``Connection: close`` then, so no proxy sends on this connection again)."""
+    says ``Connection: close`` then, so no proxy sends on this connection again).
+    ``browser=False``: the caller writes ``gw.guard.headers_for(origin)`` itself (the append
+    door, whose answers never carry those names: it writes them serialised once)."""
     if status >= 400:  # a CDN must not keep a 404 past the stream's creation, nor a 503
         headers.setdefault("Cache-Control", caching.NO_STORE)
-    gw.guard.secure_answer(origin, principal, headers)
+    if browser:
+        gw.guard.secure_answer(origin, principal, headers)
     return gw.draining
 
 
@@ -80,7 +88,6 @@ def finish(
     method: str,
     status: int,
     seconds: float,
-    *,
     fast: bool = False,
     access: AccessLog | None = None,
     remote: str = "",

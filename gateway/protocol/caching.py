@@ -56,6 +56,16 @@ def named_state(opaque: str, stream_id: str) -> Named | None:
     return Named(created=match.group(1), end=int(match.group(4)), closed=match.group(5) is not None)
 
 
+def incarnation(tag: str | None) -> str | None:
+    """The creation time (ms) an ``ETag`` header of ours names (HEAD's, a read's): which
+    incarnation of its path answered. None for any other tag. For clients (the Spark
+    source) that must tell a stream created again at a path from the one they read."""
+    if not tag or len(tag) < 2 or tag[0] != '"' or tag[-1] != '"':
+        return None  # weak or unquoted: not one of ours
+    match = _OURS.match(tag[1:-1])
+    return str(int(match.group(1))) if match else None
+
+
 def matches(if_none_match: str | None, current: str) -> bool:
     """Whether an If-None-Match header names the current ETag (weak or strong)."""
     if not if_none_match:
