@@ -8,11 +8,13 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from .spark_plan import split
 from .streams_client import Client, StreamInfo, start_position
 
 
 def _offsets_option(text: str | None, keywords: tuple[str, ...]) -> str | dict[str, str]:
-    """``earliest``/``latest`` or a JSON object of path -> offset."""
+    """``earliest``/``latest`` or a JSON object of path -> offset (``<offset>@<created>``,
+    as a query's offsets hold them, too)."""
     value = (text or keywords[0]).strip()
     if value.lower() in keywords:
         return value.lower()
@@ -26,8 +28,11 @@ def _offsets_option(text: str | None, keywords: tuple[str, ...]) -> str | dict[s
         isinstance(k, str) and isinstance(v, str) for k, v in doc.items()
     ):
         raise ValueError(f"expected a JSON object of path -> offset (strings): {value!r}")
-    for offset in doc.values():
+    for value in doc.values():
+        offset, created = split(value)
         start_position(offset)  # -1 or this server's offset, else ValueError
+        if created is not None and not created.isdigit():
+            raise ValueError(f"expected <offset>@<creation time, ms>: {value!r}")
     return doc
 
 

@@ -15,11 +15,12 @@ from .streams_client import read_range
 
 
 class StreamSpans(InputPartition):
-    """A partition: streams' spans read one after the other by one task."""
+    """A partition: streams' spans (path, start, end, incarnation) read one after the
+    other by one task."""
 
     def __init__(self, items: list[Span]) -> None:
-        super().__init__([(s.path, s.start, s.end) for s in items])
-        self.spans = [(s.path, s.start, s.end) for s in items]
+        self.spans = [(s.path, s.start, s.end, s.created) for s in items]
+        super().__init__(self.spans)
 
 
 def plan_partitions(
@@ -29,13 +30,15 @@ def plan_partitions(
     return [StreamSpans(group) for group in pack(spans(start, end, streaming), options.partition_bytes)]
 
 
-def read_spans(options: ReadOptions, items: Iterable[tuple[str, str, str]]) -> Iterator[pa.RecordBatch]:
+def read_spans(
+    options: ReadOptions, items: Iterable[tuple[str, str, str, str | None]]
+) -> Iterator[pa.RecordBatch]:
     """A partition's rows, as Arrow record batches (much cheaper than tuples)."""
     client = options.client()
     try:
         columns = Columns()
-        for path, begin, stop in items:
-            for piece in read_range(client, path, begin, stop):
+        for path, begin, stop, created in items:
+            for piece in read_range(client, path, begin, stop, created):
                 columns.add(path, piece)
                 if columns.full():
                     yield columns.batch()

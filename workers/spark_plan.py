@@ -1,5 +1,11 @@
 """Planning, pure (a warning logged aside): what a batch reads per stream (``spans``), the spans packed into
-partitions (``pack``) and each stream's end for the next micro-batch (``plan_ends``)."""
+partitions (``pack``) and each stream's end for the next micro-batch (``plan_ends``).
+
+A batch's offsets map each stream's path to ``<offset>@<created>``: the protocol offset and
+the incarnation it belongs to (the stream's creation time, ms; ``split``), so that a stream
+deleted and created again at its path is told apart from the one read before, whatever
+its tail. Offsets without ``@`` (checkpoints from before, ``startingOffsets``) name no
+incarnation: only a tail below them then says "created again"."""
 
 from __future__ import annotations
 
@@ -13,32 +19,43 @@ log = logging.getLogger("durable_streams.spark")  # one logger for the whole dat
 MAX_SPANS_PER_PARTITION = 256  # streams a partition reads at most (see pack)
 
 
+def split(value: str) -> tuple[str, str | None]:
+    """One stream's value in a batch's offsets: its offset and incarnation (None: not named)."""
+    offset, _, created = value.partition("@")
+    return offset, created or None
+
+
+def joined(offset: str, created: str | None) -> str:
+    """One stream's value in a batch's offsets (``split``'s inverse)."""
+    return f"{offset}@{created}" if created else offset
+
+
 @dataclass(frozen=True)
 class Span:
-    """One stream's part of a batch: [start, end), ``size`` bytes (positions)."""
+    """One stream's part of a batch: [start, end), ``size`` bytes (positions), in the
+    incarnation ``created`` (None: not known)."""
 
     path: str
     start: str  # an offset, or -1
     end: str
     size: int
+    created: str | None = None
 
 
 def spans(start: Mapping[str, str], end: Mapping[str, str], streaming: bool = True) -> list[Span]:
     """What a batch from ``start`` to ``end`` reads, per stream. A function of the two
     offsets alone, so a re-run batch reads the same: a stream missing from ``start``
-    reads from -1, and so, when ``streaming``, does one whose end is below its start
-    (created again: ``plan_ends``)."""
+    reads from -1, and so, when ``streaming``, does one created again (``plan_ends``):
+    whose end names another incarnation than its start, or lies below it."""
     out = []
     for path in sorted(end):
-        stop = end[path]
-        begin = start.get(path, BEGINNING)
-        if begin == stop:
-            continue
+        stop, created = split(end[path])
+        begin, before = split(start.get(path, BEGINNING))
         first, last = start_position(begin), position(stop)
-        if last < first and streaming:
+        if streaming and (last < first or (before and created and before != created)):
             begin, first = BEGINNING, 0
         if last > first:
-            out.append(Span(path, begin, stop, last - first))
+            out.append(Span(path, begin, stop, last - first, created))
     return out
 
 
@@ -80,7 +97,9 @@ def plan_ends(
     waiting JSON stream: the budget is soft, never a stall.
 
     Streams in ``start`` but not in ``streams`` are gone and left out; new streams join
-    (from -1) once they hold data.
+    (from -1) once they hold data. A stream created again (another incarnation than its
+    start names, or a tail below its start) is read from its beginning; while it is
+    empty its end is its start of the new incarnation, so that it is said once.
     """
     favored = set(favored)
     end: dict[str, str] = {}
@@ -90,18 +109,28 @@ def plan_ends(
         begin = start.get(path)
         if begin is None and tail == 0:
             continue  # empty: joins with its first byte
-        first = 0 if begin is None else start_position(begin)
-        if tail < first:
+        offset, before = split(begin) if begin is not None else (BEGINNING, None)
+        first = start_position(offset)
+        again = bool(before and info.created and before != info.created)
+        if again:
+            log.warning("%s: created again (at %s; read up to %s of the one created at %s): read from its "
+                        "start", path, info.created, offset, before)  # fmt: skip
+        elif tail < first:
             log.warning("%s: tail %s is below its offset %s: created again? read from its start", path,
-                        info.tail, begin)  # fmt: skip
+                        info.tail, offset)  # fmt: skip
+            again = True
+        if again:
             first = 0
+            if tail == 0:  # nothing to read yet: the offsets move to it (said once, not every poll)
+                end[path] = joined(info.tail, info.created)
+                continue
         if tail == first:
             if begin is not None:
                 end[path] = begin
             continue
         todo.append((path, first, tail - first, info))
     if budget is None:
-        end.update({path: info.tail for path, _, _, info in todo})
+        end.update({path: joined(info.tail, info.created) for path, _, _, info in todo})
         return dict(sorted(end.items())), set()
 
     order = sorted(todo, key=lambda item: (item[0] not in favored, item[2], item[0]))
@@ -113,7 +142,7 @@ def plan_ends(
         else:
             take = min(backlog, share)
         if take:
-            end[path] = info.tail if take == backlog else token(first + take)
+            end[path] = joined(info.tail if take == backlog else token(first + take), info.created)
             remaining -= take
         else:
             waiting.append((path, first, backlog, info))
@@ -122,5 +151,5 @@ def plan_ends(
     if remaining == budget and waiting:  # nothing admitted: the first in line goes anyway
         path, first, backlog, info = waiting.pop(0)
         take = backlog if info.json else min(backlog, budget)
-        end[path] = info.tail if take == backlog else token(first + take)
+        end[path] = joined(info.tail if take == backlog else token(first + take), info.created)
     return dict(sorted(end.items())), {path for path, _, _, info in waiting if info.json}

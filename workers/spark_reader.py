@@ -9,6 +9,7 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from .spark_options import ReadOptions, discover
 from .spark_partitions import plan_partitions, read_partition
+from .spark_plan import joined
 
 
 class DurableStreamsReader(DataSourceReader):
@@ -28,7 +29,9 @@ class DurableStreamsReader(DataSourceReader):
         else:
             client = options.client()
             try:
-                end = {path: info.tail for path, info in discover(client, options).items()}
+                # With its incarnation: a stream created again before it is read ends there.
+                streams = discover(client, options)
+                end = {path: joined(info.tail, info.created) for path, info in streams.items()}
             finally:
                 client.close()
         return plan_partitions(start, end, options, streaming=False)

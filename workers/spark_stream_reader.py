@@ -18,7 +18,7 @@ from pyspark.sql.streaming.datasource import (
 
 from .spark_options import ReadOptions, discover
 from .spark_partitions import plan_partitions, read_partition
-from .spark_plan import plan_ends
+from .spark_plan import joined, plan_ends
 from .streams_client import Client, StreamInfo, StreamsError, position
 
 log = logging.getLogger("durable_streams.spark")  # one logger for the whole data source
@@ -66,10 +66,13 @@ class DurableStreamsStreamReader(DataSourceStreamReader, SupportsTriggerAvailabl
             self._listed = (now, streams)
         if self._target is not None:  # AvailableNow: nothing past the tails it started with
             capped = {}
-            for path, target in self._target.items():
+            for path, target in list(self._target.items()):
                 info = streams.get(path)
-                if info is not None:
-                    capped[path] = target if position(target.tail) <= position(info.tail) else info
+                if info is None:
+                    continue
+                if target.created and info.created and target.created != info.created:
+                    target = self._target[path] = info  # created again since: its tail now is the target
+                capped[path] = target if position(target.tail) <= position(info.tail) else info
             streams = capped
         return streams
 
@@ -79,7 +82,11 @@ class DurableStreamsStreamReader(DataSourceStreamReader, SupportsTriggerAvailabl
             return dict(sorted(starting.items()))
         if starting == "latest":
             streams = discover(self._connection(), self.options)
-            return {path: info.tail for path, info in sorted(streams.items()) if position(info.tail) > 0}
+            return {
+                path: joined(info.tail, info.created)
+                for path, info in sorted(streams.items())
+                if position(info.tail) > 0
+            }
         return {}
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -105,7 +112,9 @@ class DurableStreamsStreamReader(DataSourceStreamReader, SupportsTriggerAvailabl
         return start if end == start else end
 
     def reportLatestOffset(self) -> dict[str, str] | None:
-        return {path: info.tail for path, info in self._listed[1].items()} if self._listed else None
+        if self._listed is None:
+            return None
+        return {path: joined(info.tail, info.created) for path, info in self._listed[1].items()}
 
     def partitions(self, start: dict[str, str], end: dict[str, str]) -> Sequence[InputPartition]:
         return plan_partitions(start, end, self.options)

@@ -24,6 +24,12 @@ on every response so that another server fails loudly instead of producing wrong
   comes back with ``headers.offset``: the offset right after it. So each message's own
   offset is known (the archive's ``offset``/``next_offset`` columns hold the same), and
   the positions of a response's messages must add up to its ``Stream-Next-Offset``.
+
+A third tells a stream created again at a path from the one read before: the
+**incarnation** (the stream's creation time, ms), which the listing gives as
+``created_at_ms`` and HEAD and reads carry in their ``ETag``
+(``gateway/protocol/caching.py``: ``"<created>-<check>:<start>:<end>"``). Where a
+response has none (another server), the incarnation is unknown and nothing is compared.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from urllib.parse import quote, urlencode, urlsplit
 
 import orjson
 
+from gateway.protocol import caching as _caching
 from gateway.protocol import offsets as _offsets
 from gateway.protocol.errors import ProtocolError
 from gateway.protocol.jsonmode import split_messages
@@ -108,6 +115,7 @@ class StreamInfo:
     tail: str  # the offset after its last byte (Stream-Next-Offset)
     content_type: str
     closed: bool = False
+    created: str | None = None  # the incarnation (creation time, ms); None: not said
 
     @property
     def json(self) -> bool:
@@ -211,6 +219,7 @@ class Client:
             reply.header("Stream-Next-Offset") or ZERO,
             reply.header("Content-Type") or "application/octet-stream",
             (reply.header("Stream-Closed") or "").lower() == "true",
+            _caching.incarnation(reply.header("ETag")),
         )
 
     def list_streams(self, prefix: str = "", page: int = 1000) -> Iterator[StreamInfo]:
@@ -229,6 +238,7 @@ class Client:
                     item["tail_offset"],
                     item.get("content_type") or "",
                     item.get("status") == "closed",
+                    str(item["created_at_ms"]) if item.get("created_at_ms") is not None else None,
                 )
             after = doc.get("next_cursor")
             if not doc.get("has_more") or not after:
@@ -329,7 +339,9 @@ def json_messages(body: bytes, start: int, end: int) -> list[tuple[int, int, byt
     return out
 
 
-def read_range(client: Client, path: str, start: str, end: str) -> Iterator[Piece]:
+def read_range(
+    client: Client, path: str, start: str, end: str, created: str | None = None
+) -> Iterator[Piece]:
     """The stream's data in [start, end): catch-up reads from ``start`` following
     ``Stream-Next-Offset`` until ``end``, the last response cut at ``end`` (a byte
     stream keeps ``end - offset`` bytes of it; a JSON stream the messages that start
@@ -338,7 +350,9 @@ def read_range(client: Client, path: str, start: str, end: str) -> Iterator[Piec
     ``start`` -1 reads from position 0, so that the first JSON message's position is
     known; where retention dropped data the server answers 410 with
     ``Stream-Earliest-Offset`` and the read goes on from there. A stream that is gone
-    (404/410) ends the range: logged, no rows, no error.
+    (404/410) ends the range: logged, no rows, no error; so does one created again
+    since the range was planned in incarnation ``created`` (a read's ``ETag`` names
+    another), whose bytes are not the planned ones.
     """
     stop = position(end)
     offset = ZERO if start == BEGINNING else start
@@ -363,6 +377,11 @@ def read_range(client: Client, path: str, start: str, end: str) -> Iterator[Piec
             return
         if reply.status != 200:
             raise StreamsError(f"GET {path} at {offset}: {reply.status} {reply.text}", reply.status)
+        now = _caching.incarnation(reply.header("ETag"))
+        if created and now and now != created:
+            log.warning("%s: created again (at %s) since planned at %s: the range ends at %s", path, now,
+                        created, offset)  # fmt: skip
+            return
         following = reply.header("Stream-Next-Offset")
         if not following:
             raise StreamsError(f"GET {path} at {offset}: no Stream-Next-Offset")
