@@ -48,6 +48,8 @@ PRIVATE: Final = {
 # bound on its queue, web_protocol.MAX_MSG_QUEUE_SIZE).
 MAX_HELD: Final = 32
 _NOTHING: Final = ((), False, b"")
+# How often a half-closed connection is looked at until all it asked is answered.
+HALF_CLOSED_CHECK_SECONDS: Final = 1.0
 
 
 def application(protocol: type[Protocol], **kwargs: Any) -> web.Application:
@@ -200,7 +202,19 @@ class Protocol(RequestHandler):
             # aiohttp holds the last message (its handler perhaps not started yet, or done and
             # start() not back at its queue): it closes the connection after answering it.
             self.close()
+        self._loop.call_later(HALF_CLOSED_CHECK_SECONDS, self._close_once_answered)
         return True
+
+    def _close_once_answered(self) -> None:
+        """A backstop: a half-closed connection is read no more, so nothing would notice one
+        left open once all is answered (its socket and task kept until garbage collection)."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        if self._all_answered():
+            transport.close()
+        else:
+            self._loop.call_later(HALF_CLOSED_CHECK_SECONDS, self._close_once_answered)
 
     def _live(self) -> bool:
         request = self._current_request
