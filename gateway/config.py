@@ -73,6 +73,21 @@ def _number(*, positive: bool = False) -> Callable[[str], float]:
     return parse
 
 
+# Content codings the gateway can produce (http/compression.py), for --compression.
+CODINGS = ("zstd", "br", "gzip")
+
+
+def _codings(raw: str) -> str:
+    """Codings in order of preference, comma-separated ('' for none)."""
+    names = [name.strip().lower() for name in raw.split(",") if name.strip()]
+    unknown = [name for name in names if name not in CODINGS]
+    if unknown:
+        raise ValueError(f"names unknown codings {', '.join(unknown)} (known: {', '.join(CODINGS)})")
+    if len(set(names)) != len(names):
+        raise ValueError("names a coding twice")
+    return ",".join(names)
+
+
 def _boolean(raw: str) -> bool:
     word = raw.strip().lower()
     if word in _TRUE:
@@ -245,14 +260,41 @@ class Settings:
         parse=_whole(1),
     )
     max_chunk_bytes: int = setting(
-        4 * 1024 * 1024,
-        "most bytes one read response returns (clients continue from Stream-Next-Offset)",
+        256 * 1024 * 1024,
+        "most bytes one catch-up read answers (a JSON answer ends at the first message starting "
+        "past it); the rest follows from its Stream-Next-Offset. Streamed page by page, never "
+        "held whole: the official clients' catch-up-only reads (live: false) take one answer "
+        "as the whole stream, so keep it above your streams' sizes",
         parse=_whole(1),
+    )
+    read_page_bytes: int = setting(
+        1024 * 1024,
+        "bytes a read takes from Redis or the archive at a time: a streamed catch-up answer "
+        "holds about two pages, and a live answer (long-poll, an SSE data event) carries at most one",
+        parse=_whole(1024),
+    )
+    max_inflight_read_bytes: int = setting(
+        256 * 1024 * 1024,
+        "read pages one process holds at once across streamed catch-up answers; past it a "
+        "read waits for a page to be sent (backpressure, not a refusal)",
+        parse=_whole(1024),
+    )
+    compression: str = setting(
+        "zstd,br,gzip",
+        "content codings offered to catch-up reads of JSON and text streams, in the server's "
+        "order of preference (the client's Accept-Encoding q-values first); '' turns compression off",
+        parse=_codings,
+    )
+    compression_min_bytes: int = setting(
+        1024,
+        "catch-up answers shorter than this are sent uncompressed",
+        parse=_whole(0),
     )
     read_inline_bytes: int = setting(
         64 * 1024,
-        "reads of byte streams longer than this fetch their data with a plain XRANGE "
-        "after the script instead of through Lua (one more round trip; a quarter of Redis' work)",
+        "reads longer than this fetch their data with a plain XRANGE after the script "
+        "instead of through Lua (one more round trip; a quarter of Redis' work, and JSON "
+        "messages split by the gateway rather than by Lua)",
     )
     max_path_bytes: int = setting(1024, "longest stream path accepted", parse=_whole(1))
     max_json_messages: int = setting(

@@ -205,15 +205,17 @@ end
 -- What a read from `from` finds first: {}, 'archived' and the incarnation
 -- when `from` is archived (the caller finds the segment in the incarnation's
 -- segment set, reads its file, then continues: the set's name is not known
--- before this script looks, so it cannot be in KEYS); {} and 'bulk' when it would return more than `inline` bytes of a byte stream (the
--- caller fetches them with a plain XRANGE: copying megabytes into Lua and
--- back costs Redis about four times what XRANGE does); else the log's entries.
+-- before this script looks, so it cannot be in KEYS); {} and 'bulk' when it would return
+-- more than `inline` bytes (the caller fetches them with a plain XRANGE and, for JSON,
+-- splits the messages itself: copying megabytes into Lua and back, or splitting
+-- thousands of messages in Lua, costs Redis several times what XRANGE does); else the
+-- log's entries.
 local function read_from(m, from, hi, budget, whole, max_entries, inline)
   if m.arch and from < tonumber(m.arch) then
     return {{}, 'archived', m.inc or ''}
   end
   local stop = hi or tonumber(m.tail)
-  if not whole and stop and math.min(stop, from + budget) - from > inline then
+  if stop and math.min(stop, from + budget) - from > inline then
     return {{}, 'bulk'}
   end
   return {collect(from, hi, budget, whole, max_entries)}

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
+from ..concurrency.budget import ByteBudget
 from ..config import Settings
 from ..live.fanout import Fanout
 from ..protocol.ssrf import TargetPolicy
@@ -23,6 +24,10 @@ class Gateway:
     bodies: BodyBudget
     guard: Guard
     preflight: Preflight  # ready: Redis passed the start-up checks (until then stream requests get 503)
+    # Pages held by streamed catch-up answers (--max-inflight-read-bytes), and the content
+    # codings offered to catch-up reads (--compression): lifecycle.py sets both.
+    reads: ByteBudget = field(default_factory=lambda: ByteBudget(256 * 1024 * 1024))
+    codings: tuple[str, ...] = ()
     webhook_policy: TargetPolicy = field(default_factory=TargetPolicy)  # --webhook-allow: exempt targets
     # SIGTERM came: not ready, every response closes its connection (--shutdown-delay-seconds)
     draining: bool = False

@@ -307,7 +307,11 @@ class Guard:
         """Browser headers on an answer (unless a handler chose its own), and reads
         made with credentials kept out of shared caches."""
         for name, value in self.headers_for(origin).items():
-            headers.setdefault(name, value)
+            if name == "Vary" and "Vary" in headers:  # a read's Accept-Encoding, and Origin
+                if value not in headers["Vary"]:
+                    headers["Vary"] = f"{headers['Vary']}, {value}"
+            else:
+                headers.setdefault(name, value)
         if self.auth is not None and not principal.anonymous:
             cache = headers.get("Cache-Control")
             if cache is not None and cache.startswith("public"):

@@ -42,7 +42,7 @@ from ..protocol.models import CreateSpec
 from ..protocol.namespace import RESERVED
 from ..redis_io import keys
 from ..telemetry import metrics
-from . import live
+from . import catchup, live
 from .bodies import read_body
 from .context import Gateway, gateway_of
 from .guard import principal_of
@@ -330,13 +330,13 @@ async def get_stream(request: web.Request) -> web.StreamResponse:
             return await serve(request, gw, sid, start, cursor.response_cursor(client_cursor), until)
     if mode is not None:
         raise bad_request("live must be long-poll or sse")
-    chunk = await gw.store.read(sid, start)
-    headers = responses.read_chunk(chunk, cursor=None, at_now=start is None)
+    chunk = await gw.store.catch_up(sid, start)
+    coding, vary = catchup.coding_for(gw, request, chunk)
+    headers = responses.read_chunk(chunk, cursor=None, at_now=start is None, coding=coding, vary=vary)
     if "ETag" in headers and caching.matches(request.headers.get("If-None-Match"), headers["ETag"]):
-        return web.Response(
-            status=304, headers={"ETag": headers["ETag"], "Cache-Control": headers["Cache-Control"]}
-        )
-    return web.Response(status=200, body=chunk.body(), headers=headers)
+        kept: dict[str, str] = {n: headers[n] for n in ("ETag", "Cache-Control", "Vary") if n in headers}
+        return web.Response(status=304, headers=kept)
+    return await catchup.answer(request, gw, chunk, headers, coding)
 
 
 async def options_stream(request: web.Request) -> web.Response:

@@ -15,6 +15,7 @@ from aiohttp import web
 
 from ..archive.cold import ColdReader
 from ..archive.files import Archive
+from ..concurrency.budget import ByteBudget
 from ..config import Settings
 from ..features.backpressure import WritePause
 from ..features.hints import HintKeys
@@ -69,6 +70,7 @@ def install(
             settings.max_chunk_bytes,
             settings.notice_payload_bytes,
             settings.read_inline_bytes,
+            settings.read_page_bytes,
             archive_hints=settings.archive_hints,
             stream_registry=settings.stream_registry,
         )
@@ -96,6 +98,8 @@ def install(
             bodies=BodyBudget(settings.max_inflight_body_bytes),
             guard=guard,
             preflight=preflight,
+            reads=ByteBudget(settings.max_inflight_read_bytes),
+            codings=tuple(name for name in settings.compression.split(",") if name),
             webhook_policy=parse_allow_list(settings.webhook_allow),
         )
         store.start()

@@ -12,16 +12,18 @@ CACHEABLE = "public, max-age=60, stale-while-revalidate=300"
 NO_STORE = "no-store"
 SSE = "no-cache, no-store"
 
-# Our ETags' opaque part: "<created>-<check>:<start>:<end>[:c]" (see etag()).
-_OURS = re.compile(r"\A([0-9]{1,20})-([0-9a-f]{8}):([0-9]{1,20}):([0-9]{1,20})(:c)?\Z")
+# Our ETags' opaque part: "<created>-<check>:<start>:<end>[:c][+<coding>]" (see etag()).
+_OURS = re.compile(r"\A([0-9]{1,20})-([0-9a-f]{8}):([0-9]{1,20}):([0-9]{1,20})(:c)?(?:\+[a-z]{1,8})?\Z")
 
 
 def _check(stream_id: str, created: str) -> str:
     return hashlib.blake2b(f"{stream_id}\0{created}".encode(), digest_size=4).hexdigest()
 
 
-def etag(stream_id: str, created: str, start: int, end: int, closed: bool) -> str:
-    """A strong ETag for the bytes [start, end) of one incarnation of a stream.
+def etag(stream_id: str, created: str, start: int, end: int, closed: bool, coding: str = "") -> str:
+    """A strong ETag for the bytes [start, end) of one incarnation of a stream, as sent
+    in ``coding`` ('' for as stored: a compressed answer is another representation, so
+    another tag, RFC 9110 8.8.3; it names the same state for If-Match).
 
     The creation time tells a re-created stream at the same path apart; it is
     written out (not hashed) so a conditional append can hand it to append.lua,
@@ -29,7 +31,8 @@ def etag(stream_id: str, created: str, start: int, end: int, closed: bool) -> st
     the tag to its stream, and the closure flag makes the tail response change
     when the stream closes.
     """
-    return f'"{created}-{_check(stream_id, created)}:{start}:{end}{":c" if closed else ""}"'
+    suffix = ("+" + coding) if coding else ""
+    return f'"{created}-{_check(stream_id, created)}:{start}:{end}{":c" if closed else ""}{suffix}"'
 
 
 def stream_etag(stream_id: str, created: str, tail: int, closed: bool) -> str:

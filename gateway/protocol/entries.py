@@ -72,6 +72,27 @@ def messages(position: int, data: bytes) -> list[tuple[int, bytes]]:
     return out
 
 
+def end_of(position: int, data: bytes, whole: bool) -> int:
+    """The position after a piece a read returns at ``position``: a byte run takes its
+    length; a JSON piece (one message, or several of one stored entry, joined by
+    SEPARATOR: a page read in bulk) the lengths of its messages."""
+    return position + len(data) - (data.count(SEPARATOR) if whole else 0)
+
+
+def messages_between(position: int, data: bytes, lo: int, hi: int) -> tuple[int, bytes] | None:
+    """The messages of a JSON entry at ``position`` that start in [lo, hi), as one
+    piece (where the first starts, the messages joined by SEPARATOR); None if none."""
+    kept: list[bytes] = []
+    first = None
+    for pos, message in messages(position, data):
+        if pos >= hi:
+            break
+        if pos >= lo:
+            first = pos if first is None else first
+            kept.append(message)
+    return None if first is None else (first, SEPARATOR.join(kept))
+
+
 def flatten(entries: Iterable[LogEntry]) -> list[int | bytes | memoryview]:
     """Entries as script arguments: each one's positions, then its bytes."""
     return [part for entry in entries for part in entry]

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator
 import orjson
 
 from . import offsets
-from .entries import LogEntry, pack_bytes, pack_messages
+from .entries import SEPARATOR, LogEntry, messages, pack_bytes, pack_messages
 from .errors import ProtocolError, bad_request
 from .headers import JSON_CONTENT_TYPE
 
@@ -46,12 +46,23 @@ def _depth(value: object) -> int:
 # orjson turns integers past 64 bits into floats, silently losing digits;
 # bodies with such long digit runs go through the standard library instead.
 _LONG_DIGITS = re.compile(rb"\d{19}")
+# The same question for a short text (a stored message, when a read gives a State event
+# its offset): digits mapped to "0", anything else to "x", then one substring search,
+# ~10x faster there than the regular expression (2 us for 130 bytes).
+_DIGITS_AS_ZERO = bytes(48 if 48 <= c <= 57 else 120 for c in range(256))
+_SHORT = 4096
+
+
+def _long_digits(body: bytes) -> bool:
+    if len(body) <= _SHORT:
+        return b"0" * 19 in body.translate(_DIGITS_AS_ZERO)
+    return _LONG_DIGITS.search(body) is not None
 
 
 def _loads(body: bytes) -> object:
     """Parse a body, or 400. orjson refuses lone surrogates and numbers past a double by
     itself; the standard library is told to."""
-    if not _LONG_DIGITS.search(body):
+    if not _long_digits(body):
         try:
             return orjson.loads(body)
         except orjson.JSONDecodeError:
@@ -126,9 +137,22 @@ def with_offset(position: int, message: bytes) -> bytes:
     return _dumps(value)
 
 
+def json_items(pieces: Iterable[tuple[int, bytes]]) -> bytes:
+    """The messages of a read's pieces (each one message, or several of one stored entry
+    joined by ``\\n``: entries.end_of) as an array's items, comma-separated. Compact JSON
+    holds no raw newline, so a piece without State events is one ``replace`` away."""
+    parts: list[bytes] = []
+    for pos, data in pieces:
+        if b'"headers"' not in data:
+            parts.append(data.replace(SEPARATOR, b","))
+        else:
+            parts.extend(with_offset(at, message) for at, message in messages(pos, data))
+    return b",".join(parts)
+
+
 def json_body(entries: Iterable[tuple[int, bytes]]) -> bytes:
     """A JSON read's body: its messages (with their positions) in one array."""
-    return to_array([with_offset(pos, data) for pos, data in entries])
+    return b"[" + json_items(entries) + b"]"
 
 
 def body_entries(media_type: str, body: bytes, *, create: bool) -> list[LogEntry]:

@@ -93,9 +93,17 @@ class Chunk:
     entries: list[Entry] = field(default_factory=list)
     # Encoded responses, shared by the readers a shared read or notice reaches.
     cache: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
+    # A streamed catch-up answer's end (streams/reads.py catch_up): ``entries`` are then
+    # only its first page, and the rest is read page by page while it is sent.
+    until: int | None = None
 
     @property
     def end(self) -> int:
+        return self.page_end if self.until is None else self.until
+
+    @property
+    def page_end(self) -> int:
+        """Where ``entries`` end (one message or byte run each)."""
         if not self.entries:
             return self.start
         pos, data = self.entries[-1]

@@ -72,8 +72,12 @@ def append_result(result: AppendResult) -> dict[str, str]:
     return headers
 
 
-def read_chunk(chunk: Chunk, *, cursor: str | None, at_now: bool) -> dict[str, str]:
-    """Catch-up and long-poll reads (200, or 204 when a long-poll saw nothing)."""
+def read_chunk(
+    chunk: Chunk, *, cursor: str | None, at_now: bool, coding: str = "", vary: bool = False
+) -> dict[str, str]:
+    """Catch-up and long-poll reads (200, or 204 when a long-poll saw nothing).
+    ``coding``: the content coding the body is sent in ('' as stored); ``vary``: the
+    answer depends on Accept-Encoding (a stream whose reads may be compressed)."""
     headers = {"Content-Type": chunk.meta.content_type, STREAM_NEXT_OFFSET: offsets.encode(chunk.end)}
     if browser.is_active(chunk.meta.media_type):  # a tab opened on it downloads, never renders
         headers.update(browser.ATTACHMENT)
@@ -87,9 +91,13 @@ def read_chunk(chunk: Chunk, *, cursor: str | None, at_now: bool) -> dict[str, s
         headers["Cache-Control"] = caching.NO_STORE
     else:
         headers["Cache-Control"] = caching.CACHEABLE
-        headers["ETag"] = chunk_etag(chunk)
+        headers["ETag"] = chunk_etag(chunk, coding)
+    if coding:
+        headers["Content-Encoding"] = coding
+    if vary:
+        headers["Vary"] = "Accept-Encoding"
     return headers
 
 
-def chunk_etag(chunk: Chunk) -> str:
-    return caching.etag(chunk.meta.sid, chunk.meta.created, chunk.start, chunk.end, chunk.eof)
+def chunk_etag(chunk: Chunk, coding: str = "") -> str:
+    return caching.etag(chunk.meta.sid, chunk.meta.created, chunk.start, chunk.end, chunk.eof, coding)

@@ -78,10 +78,10 @@ class ForkPlan:
 
 
 class Forks:
-    def __init__(self, scripts: Scripts, reads: Reads, max_chunk_bytes: int) -> None:
+    def __init__(self, scripts: Scripts, reads: Reads, page_bytes: int) -> None:
         self.scripts = scripts
         self.reads = reads
-        self.max_chunk_bytes = max_chunk_bytes
+        self.page_bytes = page_bytes
 
     async def reference(self, sid: str, src: str, pin: bool) -> tuple[Meta, bool]:
         """Step 1: the source's meta (with its incarnation id, given now if it had
@@ -150,7 +150,7 @@ class Forks:
             pos, left = anchor, sub
             while left:
                 page = await self.reads.read_segments(
-                    segments, pos, self.max_chunk_bytes, True, min(left, MAX_SCRIPT_ENTRIES)
+                    segments, pos, self.page_bytes, True, min(left, MAX_SCRIPT_ENTRIES)
                 )
                 if not page or page[0][0] != pos:
                     raise bad_request("Stream-Fork-Sub-Offset overshoots the source's messages")

@@ -22,6 +22,7 @@ from ..archive.cold import ColdReader
 from ..archive.segments import Segment as ArchivedSegment
 from ..concurrency.singleflight import SingleFlight
 from ..protocol import offsets
+from ..protocol.entries import end_of, messages, messages_between
 from ..protocol.errors import ProtocolError, bad_request
 from ..protocol.models import LEGACY_INCARNATION, Chunk, Entry, InheritedRange, Meta, text
 from ..redis_io import keys
@@ -42,13 +43,28 @@ def _pairs(flat: list[Any]) -> list[Entry]:
     return [(int(flat[i]), flat[i + 1]) for i in range(0, len(flat), 2)]
 
 
+def _before(entries: list[Entry], end: int) -> list[Entry]:
+    """The pieces of a read (one message or byte run each) that start below ``end``,
+    a byte run cut there (``end`` is a message boundary in a JSON stream)."""
+    out = [(pos, data) for pos, data in entries if pos < end]
+    if out and out[-1][0] + len(out[-1][1]) > end:
+        pos, data = out[-1]
+        out[-1] = (pos, data[: end - pos])
+    return out
+
+
 class _Lost(Exception):
     """An ancestor's range whose incarnation is gone (read_range.lua's 'lost')."""
 
 
 class Reads:
     def __init__(
-        self, scripts: Scripts, cold: ColdReader, max_chunk_bytes: int, read_inline_bytes: int
+        self,
+        scripts: Scripts,
+        cold: ColdReader,
+        max_chunk_bytes: int,
+        read_inline_bytes: int,
+        page_bytes: int = 1024 * 1024,
     ) -> None:
         self.scripts = scripts
         # Bulk reads (see bulk) take XRANGE replies as Redis sends them, not parsed
@@ -66,6 +82,7 @@ class Reads:
             self._bulk = DirectRoute(client)
         self.cold = cold
         self.max_chunk_bytes = max_chunk_bytes
+        self.page_bytes = min(page_bytes, max_chunk_bytes)
         self.read_inline_bytes = read_inline_bytes
         self._shared: SingleFlight[Chunk] = SingleFlight()
 
@@ -74,15 +91,15 @@ class Reads:
 
     async def read(self, sid: str, start: int | None, *, below_floor: bool = False) -> Chunk:
         """Data from ``start`` (None: the tail; offsets.BEGINNING: the oldest
-        retained data), up to the chunk size. ``below_floor``: serve what is still stored
-        below the floor rather than 410 (a bootstrap under way when a newer snapshot
-        raised it: http/snapshots.py).
+        retained data), up to a page (live reads, snapshots' bootstraps, webhooks).
+        ``below_floor``: serve what is still stored below the floor rather than 410 (a
+        bootstrap under way when a newer snapshot raised it: http/snapshots.py).
 
         Reads refresh a sliding TTL. Archived data is read from its files and a
         fork's inherited range from its ancestors; data below the tail never
         changes, so the extra calls cannot tear what the first one saw.
         """
-        budget = self.max_chunk_bytes
+        budget = self.page_bytes
         at = -1 if start is None else max(start, 0)
         meta, first = await self._read(sid, at, refresh=True, budget=budget)
         found: RangeReply | None = first
@@ -96,22 +113,95 @@ class Reads:
             raise bad_request("offset is beyond the stream's tail")
         if start < meta.floor and not below_floor:
             raise dropped(meta.floor)
+        return Chunk(meta, start, await self._span(meta, start, meta.tail, budget, found=found))
+
+    async def catch_up(self, sid: str, start: int | None) -> Chunk:
+        """A catch-up read's answer: everything from ``start`` to the tail as it is now,
+        up to the chunk size (a JSON answer ends at the first message starting past it).
+        Its first page is read; when there is more, ``until`` says where the answer ends
+        and ``page`` reads the rest while it is sent (never held whole)."""
+        chunk = await self.read(sid, start)
+        if start is None:
+            return chunk
+        meta = chunk.meta
+        end = await self._answer_end(meta, chunk.start)
+        # The answer is [start, end) wherever its first page stopped (a hot and a cold
+        # page from inside a message may hold more or fewer messages): exactly, always.
+        entries = _before(chunk.entries, end) if chunk.page_end > end else chunk.entries
+        return Chunk(meta, chunk.start, entries, until=end if end > chunk.page_end else None)
+
+    async def page(self, meta: Meta, pos: int, until: int) -> list[Entry]:
+        """The next page of a streamed answer, from ``pos`` (where the previous one ended)
+        towards ``until``. JSON pieces may hold several messages of one stored entry
+        (entries.end_of). Data that went away meanwhile (retention) raises 410: sent
+        from the middle of an answer, that breaks the answer (http/catchup.py)."""
+        got: list[Entry] | None = None
+        if pos >= meta.arch:  # in its own log when the answer began: no script needed unless it moved
+            end = min(until, pos + self.page_bytes)
+            got = await self.bulk(meta.sid, pos, end, meta.created, MAX_READ_ENTRIES, "", meta.is_json)
+        if got is None:
+            got = await self._span(meta, pos, until, self.page_bytes, grouped=True)
+        if not got:
+            raise dropped(meta.floor)
+        return got
+
+    async def _answer_end(self, meta: Meta, start: int) -> int:
+        """Where a catch-up answer from ``start`` ends: the tail, or the chunk size past
+        ``start`` (bytes), or where the first JSON message at or past that starts."""
+        cap = start + self.max_chunk_bytes
+        if cap >= meta.tail:
+            return meta.tail
+        if not meta.is_json:
+            return cap
+        # One message read from inside the one holding ``cap``: the next one.
+        for sid, lo, hi, incarnation in meta.chain:
+            if hi > cap:
+                try:
+                    inherited = incarnation or LEGACY_INCARNATION
+                    got = await self._range(sid, max(cap, lo), hi, 1, True, 1, incarnation=inherited)
+                except _Lost:
+                    raise inherited_gone(meta.base) from None
+                if got:
+                    return got[0][0]
+        got = await self._range(meta.sid, max(cap, meta.base), meta.tail, 1, True, 1, created=meta.created)
+        return got[0][0] if got else meta.tail
+
+    async def _span(
+        self,
+        meta: Meta,
+        start: int,
+        hi: int,
+        budget: int,
+        *,
+        grouped: bool = False,
+        found: RangeReply | None = None,
+    ) -> list[Entry]:
+        """[start, hi) of a stream, up to ``budget``: its ancestors' part (a fork's), then
+        its own. ``found``: what read.lua already found at ``start``."""
         entries: list[Entry] = []
+        whole = meta.is_json
         if start < meta.base:
             entries = await self.read_segments(
-                meta.chain, start, budget, meta.is_json, MAX_READ_ENTRIES, fork_point=meta.base
+                meta.chain,
+                start,
+                budget,
+                whole,
+                MAX_READ_ENTRIES,
+                fork_point=meta.base,
+                hi=hi,
+                grouped=grouped,
             )
-            reached = entries[-1][0] + len(entries[-1][1]) if entries else start
+            reached = end_of(*entries[-1], whole) if entries else start
             budget -= sum(len(d) for _, d in entries)
-            if reached < meta.base or budget <= 0:
-                return Chunk(meta, start, entries)
+            if reached < meta.base or reached >= hi or budget <= 0:
+                return entries
             found = None
         own = max(start, meta.base)
         entries += await self._range(
-            sid, own, meta.tail, budget, meta.is_json, MAX_READ_ENTRIES - len(entries), found,
-            created=meta.created,
+            meta.sid, own, hi, budget, whole, MAX_READ_ENTRIES - len(entries), found,
+            created=meta.created, grouped=grouped,
         )  # fmt: skip
-        return Chunk(meta, start, entries)
+        return entries
 
     async def read_shared(self, sid: str, start: int | None, since: float) -> Chunk:
         """``read``, shared with concurrent readers of the same stream and offset that
@@ -139,6 +229,7 @@ class Reads:
         found: RangeReply | None = None,
         created: str | None = None,
         incarnation: str = "",
+        grouped: bool = False,
     ) -> list[Entry]:
         """A stream's own entries in [pos, hi), hot (Redis) or cold (files).
 
@@ -147,7 +238,8 @@ class Reads:
         end), or with 'bulk' (see ``bulk``). ``found`` is a first answer the
         caller already has; ``created`` the stream's, when the caller knows it.
         ``incarnation``: reading an ancestor's range, the incarnation it must
-        be (a chain entry's); _Lost when it is not.
+        be (a chain entry's); _Lost when it is not. ``grouped``: a JSON read read in
+        bulk may answer pieces of several messages (entries.end_of); else one a message.
         """
         out: list[Entry] = []
         retries = 0
@@ -164,10 +256,14 @@ class Reads:
             if flag == "lost":
                 raise _Lost
             if flag == "bulk":
-                got = await self.bulk(sid, pos, min(hi, pos + budget), created, max_entries, incarnation)
+                got = await self.bulk(
+                    sid, pos, min(hi, pos + budget), created, max_entries, incarnation, whole
+                )
                 if got is None:  # the log changed since the script looked: ask it again, inline
                     inline = _UNLIMITED
                     continue
+                if whole and not grouped:  # one a message, as many as asked
+                    got = [message for piece in got for message in messages(*piece)][:max_entries]
                 return out + got
             if member:
                 segment = ArchivedSegment.parse(member)
@@ -182,13 +278,16 @@ class Reads:
             else:
                 got = hot
             if not got:
+                if whole and member and segment.end > pos:
+                    pos = segment.end  # from inside a file's last message: the next starts after it
+                    continue
                 if whole:
                     break  # a JSON read from inside a message: nothing starts here
                 raise dropped()  # nothing where data must be: dropped by retention
             out += got
             budget -= sum(len(d) for _, d in got)
             max_entries -= len(got)
-            pos = got[-1][0] + len(got[-1][1])
+            pos = got[-1][0] + len(got[-1][1])  # (one message a piece: not a bulk read)
             if not member and len(got) < asked:
                 break  # the log answered all it could up to the budget
             # else go on: a response holds up to the chunk size, read in bounded scripts (a
@@ -218,12 +317,15 @@ class Reads:
         created: str | None,
         max_entries: int = MAX_READ_ENTRIES,
         incarnation: str = "",
+        whole: bool = False,
     ) -> list[Entry] | None:
-        """[pos, end) of a byte stream's log, at most ``max_entries`` (and
-        MAX_READ_ENTRIES) entries of it, fetched with plain XRANGE (read_from's 'bulk'
-        answer); or None when the log no longer holds it (archived or deleted since
-        the script looked) or the stream is not the one it saw (``created``, or the
-        ``incarnation`` of an ancestor's range, as in ``_range``).
+        """[pos, end) of a stream's log, at most ``max_entries`` (and MAX_READ_ENTRIES)
+        entries of it, fetched with plain XRANGE (read_from's 'bulk' answer); or None
+        when the log no longer holds it (archived or deleted since the script looked) or
+        the stream is not the one it saw (``created``, or the ``incarnation`` of an
+        ancestor's range, as in ``_range``). ``whole``: a JSON stream's, whose entries
+        are never cut inside a message: its pieces are the messages of one stored entry
+        that start in [pos, end), joined (entries.end_of); the last may run past ``end``.
 
         Data below the tail never changes, so what the script decided still holds
         if the entries are there; one MULTI reads them with the stream's identity.
@@ -249,14 +351,22 @@ class Reads:
             return None  # another incarnation, or none: asked again, read_range.lua says 'lost'
         out: list[Entry] = []
         at = pos  # where the next entry must start
+        taken = 0
         for entry_id, fields in first + rest:
             start, data = int(entry_id.split(b"-", 1)[0]), fields[1]  # fields: d <data> t <ms> ...
-            in_place = start == at if out else start <= pos < start + len(data)
+            stop = end_of(start, data, whole)
+            in_place = start == at if taken else start <= pos < stop
             if not in_place:
                 return None  # a gap: trimmed or replaced meanwhile
-            out.append((at, data[at - start : end - start]))
-            at = start + len(data)
-        capped = len(out) == count  # stopped by the entry bound: a shorter read, not a gap
+            taken += 1
+            if not whole:
+                out.append((at, data[at - start : end - start]))
+            elif start >= pos and stop <= end:
+                out.append((start, data))
+            elif (piece := messages_between(start, data, pos, end)) is not None:
+                out.append(piece)
+            at = stop
+        capped = taken == count  # stopped by the entry bound: a shorter read, not a gap
         return out if out and (at >= end or capped) else None
 
     async def read_segments(
@@ -267,8 +377,11 @@ class Reads:
         whole: bool,
         max_entries: int,
         fork_point: int | None = None,
+        hi: int | None = None,
+        grouped: bool = False,
     ) -> list[Entry]:
-        """Entries from ``start`` across ancestors' ranges (a fork's chain), contiguous only.
+        """Entries from ``start`` across ancestors' ranges (a fork's chain), contiguous
+        only, below ``hi`` if given (``grouped`` as in ``_range``).
 
         A range whose ancestor incarnation is gone ends the read there: what came
         before it is answered, and a read starting in it is 410 (``inherited_gone``,
@@ -276,8 +389,10 @@ class Reads:
         """
         out: list[Entry] = []
         pos = start
-        for sid, lo, hi, incarnation in segments:
-            if hi <= pos:
+        for sid, lo, top, incarnation in segments:
+            if hi is not None:
+                top = min(top, hi)
+            if top <= pos:
                 continue
             if pos < lo or budget <= 0 or max_entries - len(out) <= 0:
                 break
@@ -285,11 +400,12 @@ class Reads:
                 got = await self._range(
                     sid,
                     pos,
-                    hi,
+                    top,
                     budget,
                     whole,
                     max_entries - len(out),
                     incarnation=incarnation or LEGACY_INCARNATION,
+                    grouped=grouped,
                 )
             except _Lost:
                 if out:
@@ -297,7 +413,7 @@ class Reads:
                 raise inherited_gone(fork_point) from None
             out += got
             budget -= sum(len(d) for _, d in got)
-            pos = got[-1][0] + len(got[-1][1]) if got else pos
-            if pos < hi:  # stopped inside this segment: budget or entry count
+            pos = end_of(*got[-1], whole) if got else pos
+            if pos < top:  # stopped inside this segment: budget or entry count
                 break
         return out

@@ -72,15 +72,16 @@ class Store:
         max_chunk_bytes: int,
         notice_payload_bytes: int = 8192,
         read_inline_bytes: int = 64 * 1024,
+        read_page_bytes: int = 1024 * 1024,
         *,
         archive_hints: bool = True,
         stream_registry: bool = False,
     ) -> None:
         self._scripts = scripts
         self._hints = Hints(scripts.redis, enabled=archive_hints)
-        self._reads = Reads(scripts, cold, max_chunk_bytes, read_inline_bytes)
+        self._reads = Reads(scripts, cold, max_chunk_bytes, read_inline_bytes, read_page_bytes)
         self._appends = Appends(scripts, self._hints, notice_payload_bytes)
-        self._forks = Forks(scripts, self._reads, max_chunk_bytes)
+        self._forks = Forks(scripts, self._reads, self._reads.page_bytes)
         self._registry = Registry(self._make_registry, self._registry_append, enabled=stream_registry)
         # The side features: the stream index (one stream as listed, a page of paths, its
         # parts), Ursula's buckets and snapshots, subscriptions and webhook signing, the
@@ -101,6 +102,9 @@ class Store:
         self.head = self._reads.head
         self.read = self._reads.read
         self.read_shared = self._reads.read_shared
+        self.catch_up = self._reads.catch_up  # a catch-up answer: its first page, and where it ends
+        self.page = self._reads.page  # the next page of a streamed answer
+        self.page_bytes = self._reads.page_bytes
         # Operations: whether Redis answers with the scripts loaded (/readyz).
         self.check_ready = scripts.ready
 

@@ -59,6 +59,20 @@ REQUEST_SECONDS = Histogram(
     ["route", "method"],
     buckets=(*_FAST, 5.0, 10.0, 30.0, 60.0, 120.0),
 )
+READS_STREAMED = Counter(
+    "ds_reads_streamed_total", "Catch-up answers longer than a page, streamed while read (http/catchup.py)"
+)
+READS_BROKEN = Counter(
+    "ds_reads_broken_total",
+    "Streamed catch-up answers cut mid-body: the client left (client), took nothing for "
+    "--write-timeout (stalled), or a read failed (server: Redis gone, data dropped meanwhile)",
+    ["reason"],
+)
+READ_BUDGET_HELD = Gauge(
+    "ds_read_budget_bytes",
+    "Read pages held by streamed answers now (--max-inflight-read-bytes)",
+    multiprocess_mode="livesum",
+)
 APPENDS = Counter("ds_appends_total", "Appends acknowledged (POSTs that added data)")
 APPENDED_BYTES = Counter("ds_appended_bytes_total", "Bytes of acknowledged appends")
 LIVE_CONNECTIONS = Gauge("ds_live_connections", "Open live reads", ["mode"], multiprocess_mode="livesum")
