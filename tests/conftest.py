@@ -12,6 +12,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
@@ -124,6 +125,35 @@ def wait_ready(port: int, proc: subprocess.Popen[bytes], seconds: float = 30) ->
         except OSError:
             time.sleep(0.1)
     raise AssertionError("gateway did not become ready")
+
+
+@contextlib.contextmanager
+def gateway_process(redis_url: str, log: Path, *flags: str) -> Iterator[str]:
+    """``python -m gateway serve`` as users start it (its defaults, ``flags`` added; none of
+    this shell's DURABLE_STREAMS_ settings but the shutdown delay) on a free port, for the
+    block: its stream base URL. Stopped with SIGTERM, as Kubernetes stops it."""
+    port = free_port()
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if (not k.startswith("DURABLE_STREAMS_") or k == "DURABLE_STREAMS_SHUTDOWN_DELAY_SECONDS")
+        and k != "REDIS_URL"
+    }
+    with log.open("w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway", "serve", "--port", str(port), "--redis-url", redis_url, *flags],
+            env=env, stderr=err,
+        )  # fmt: skip
+    try:
+        wait_ready(port, proc)
+        yield f"http://127.0.0.1:{port}/v1/stream"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
 
 
 def ready_worker(cmd: list[str], seconds: float = 60) -> subprocess.Popen[bytes]:

@@ -25,11 +25,8 @@ import asyncio
 import contextlib
 import hashlib
 import json
-import os
 import random
-import signal
 import subprocess
-import sys
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
@@ -44,7 +41,7 @@ from gateway.archive.files import Archive
 from gateway.redis_io import keys
 from workers.archiver import Archiver, Policy
 
-from .conftest import free_port, wait_ready
+from .conftest import gateway_process
 from .test_ecosystem import ECOSYSTEM, _tail, node  # noqa: F401  (node: the fixture, npm ci included)
 
 MESSAGES = 100_000
@@ -100,32 +97,9 @@ def catchup_gateway(
 ) -> Iterator[str]:
     """``python -m gateway serve``, default settings but the archive:
     its stream base URL."""
-    port = free_port()
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if (not k.startswith("DURABLE_STREAMS_") or k == "DURABLE_STREAMS_SHUTDOWN_DELAY_SECONDS")
-        and k != "REDIS_URL"
-    }
     log = tmp_path_factory.mktemp("catchup") / "gateway.log"
-    with log.open("w") as err:
-        proc = subprocess.Popen(
-            [
-                sys.executable, "-m", "gateway", "serve", "--port", str(port), "--redis-url", redis_url,
-                "--archive-url", archive_root,
-            ],
-            env=env, stderr=err,
-        )  # fmt: skip
-    try:
-        wait_ready(port, proc)
-        yield f"http://127.0.0.1:{port}/v1/stream"
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+    with gateway_process(redis_url, log, "--archive-url", archive_root) as url:
+        yield url
 
 
 def _request(method: str, url: str, content_type: str, body: bytes | None = None) -> int:

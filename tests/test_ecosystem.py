@@ -22,11 +22,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 import shutil
-import signal
 import subprocess
-import sys
 import threading
 import uuid
 from collections.abc import Iterator
@@ -36,7 +33,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import free_port, wait_ready
+from .conftest import gateway_process
 
 ECOSYSTEM = Path(__file__).resolve().parent / "ecosystem"
 NPM_INSTALL_TIMEOUT = 300
@@ -63,24 +60,8 @@ def node() -> str:
 @pytest.fixture(scope="module")
 def streams_url(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``python -m gateway serve`` with its default settings on a free port: its stream base URL."""
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DURABLE_STREAMS_") and k != "REDIS_URL"}
-    log = tmp_path_factory.mktemp("ecosystem") / "gateway.log"
-    with log.open("w") as err:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway", "serve", "--port", str(port), "--redis-url", redis_url],
-            env=env, stderr=err,
-        )  # fmt: skip
-    try:
-        wait_ready(port, proc)
-        yield f"http://127.0.0.1:{port}/v1/stream"
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+    with gateway_process(redis_url, tmp_path_factory.mktemp("ecosystem") / "gateway.log") as url:
+        yield url
 
 
 def run_scenario(node: str, script: str, streams_url: str, timeout: float) -> dict[str, Any]:

@@ -330,13 +330,15 @@ async def get_stream(request: web.Request) -> web.StreamResponse:
             return await serve(request, gw, sid, start, cursor.response_cursor(client_cursor), until)
     if mode is not None:
         raise bad_request("live must be long-poll or sse")
-    chunk = await gw.store.catch_up(sid, start)
-    coding, vary = catchup.coding_for(gw, request, chunk)
-    headers = responses.read_chunk(chunk, cursor=None, at_now=start is None, coding=coding, vary=vary)
-    if "ETag" in headers and caching.matches(request.headers.get("If-None-Match"), headers["ETag"]):
-        kept: dict[str, str] = {n: headers[n] for n in ("ETag", "Cache-Control", "Vary") if n in headers}
-        return web.Response(status=304, headers=kept)
-    return await catchup.answer(request, gw, chunk, headers, coding)
+    async with catchup.FirstPage(gw) as first:  # its share of the read budget
+        chunk = await gw.store.catch_up(sid, start)
+        first.read()
+        coding, vary = catchup.coding_for(gw, request, chunk)
+        headers = responses.read_chunk(chunk, cursor=None, at_now=start is None, coding=coding, vary=vary)
+        if "ETag" in headers and caching.matches(request.headers.get("If-None-Match"), headers["ETag"]):
+            kept: dict[str, str] = {n: headers[n] for n in ("ETag", "Cache-Control", "Vary") if n in headers}
+            return web.Response(status=304, headers=kept)
+        return await catchup.answer(request, gw, chunk, headers, coding, first)
 
 
 async def options_stream(request: web.Request) -> web.Response:
