@@ -147,16 +147,23 @@ async def _stream(
     pending: asyncio.Future[tuple[list[Entry], int]] | None = None
     until, meta = chunk.until, chunk.meta
     try:
-        await _send(response, await _encoded(body, chunk.entries), timeout)
+        at = chunk.page_end
+        data = await _encoded(body, chunk.entries)
+        chunk.entries.clear()  # the handler's chunk would keep the first page for the whole answer
+        await _send(response, data, timeout)
+        del data
         first.sent()
-        pending = asyncio.ensure_future(_fetch(gw, meta, chunk.page_end, until))
+        pending = asyncio.ensure_future(_fetch(gw, meta, at, until))
         while pending is not None:
             entries, held = await pending
             try:
                 at = end_of(*entries[-1], meta.is_json)
                 # The next page is read while this one is written: two in flight at most.
                 pending = asyncio.ensure_future(_fetch(gw, meta, at, until)) if at < until else None
-                await _send(response, await _encoded(body, entries), timeout)
+                data = await _encoded(body, entries)
+                del entries  # a page is let go once sent, not when the next one is in hand
+                await _send(response, data, timeout)
+                del data
             finally:
                 _give(gw, held)
         await _send(response, body.end(), timeout)
