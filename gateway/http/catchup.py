@@ -184,7 +184,7 @@ async def _stream(
 async def _fetch(gw: Gateway, meta: Meta, at: int, until: int) -> tuple[list[Entry], int]:
     """A page from ``at``, held in the read budget (returned with it, to give back). While
     it is read it counts twice: the Redis client holds the reply whole (hiredis' buffer)
-    as it builds the page from it (measured: 50 answers under way, ~3.5 MiB each)."""
+    as it builds the page from it."""
     page = gw.store.page_bytes
     held = await _hold(gw, 2 * page)
     try:
