@@ -12,7 +12,7 @@ import logging
 import math
 import os
 import signal
-from typing import Any
+from typing import Any, Final
 
 from gunicorn import glogging
 
@@ -20,7 +20,7 @@ from gateway import config
 from gateway.cli import allocator
 from gateway.telemetry import logs
 
-worker_class = "aiohttp.GunicornUVLoopWebWorker"
+worker_class = "gateway.cli.gunicorn_worker.Worker"  # aiohttp's uvloop worker (see that module)
 timeout = 60  # a worker silent this long is restarted
 accesslog = None  # the gateway writes its own (--access-log): with redacted signatures
 # gunicorn 25+ opens a control socket under $XDG_RUNTIME_DIR or $HOME/.gunicorn: nothing here
@@ -56,8 +56,39 @@ def graceful_timeout(settings: config.Settings) -> int:
     return math.ceil(settings.shutdown_delay_seconds + settings.shutdown_seconds)
 
 
+# The signals that stop a worker, and whether this process forks workers with them defaulted.
+_STOPS: Final = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
+_forking_defaulted = False
+
+
+def _forks_with_stops_defaulted() -> None:
+    """A fork starts with the master's handlers, which only queue a signal in the fork's copy
+    of the master's state: a SIGTERM that reached a worker while it booted was lost, and it
+    served on until the master killed it at the graceful timeout (35 s). From the fork on, until
+    the worker installs its own handlers (aiohttp's, once its loop runs: gunicorn_worker.py),
+    such a signal ends it at once: booting, it serves nobody yet. Blocked while the master
+    forks, so none falls between the fork and the child's first instruction."""
+    global _forking_defaulted
+    if _forking_defaulted:  # (once per process: at-fork handlers cannot be removed)
+        return
+    _forking_defaulted = True
+
+    def child() -> None:
+        for signum in _STOPS:
+            signal.signal(signum, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPS)  # one that came meanwhile: now
+
+    os.register_at_fork(
+        before=lambda: signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS),
+        after_in_parent=lambda: signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPS),
+        after_in_child=child,
+    )
+
+
 def on_starting(server: Any) -> None:
-    """Metrics files of an earlier run would be counted as if alive: start clean."""
+    """Workers are forked with the stop signals defaulted; metrics files of an earlier run
+    would be counted as if alive: start clean."""
+    _forks_with_stops_defaulted()
     folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     if folder and os.path.isdir(folder):
         for name in os.listdir(folder):
@@ -74,13 +105,6 @@ def pre_fork(server: Any, worker: Any) -> None:
 
 
 def post_fork(server: Any, worker: Any) -> None:
-    # Until the worker installs its own handlers (aiohttp's, once its loop runs), a fork
-    # keeps the master's, which only queue the signal in the fork's copy of the master's
-    # state: a SIGTERM that came while the worker booted was lost, and the worker served on
-    # until the master killed it after the graceful timeout. Booting, it serves nobody yet:
-    # such a signal ends it at once.
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
-        signal.signal(signum, signal.SIG_DFL)
     allocator.keep_freed_memory()  # (as `serve` does before it forks: for gunicorn run directly)
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         from gateway.telemetry import metrics
