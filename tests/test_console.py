@@ -14,7 +14,6 @@ import asyncio
 import json
 import logging
 import re
-import shutil
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -30,14 +29,14 @@ from gateway.features import stats
 from gateway.http import console
 from gateway.redis_io.scripts import connect_scripts
 
+from .browser import headless_chromium
 from .conftest import serving
 
 try:
-    from playwright.async_api import async_playwright, expect
+    from playwright.async_api import expect
 except ImportError:  # the browser tests skip, saying so; the others run
-    async_playwright = expect = None  # type: ignore[assignment]
+    expect = None  # type: ignore[assignment]
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 WAIT_MS = 10_000  # every browser wait is bounded; a miss fails in seconds, not minutes
 TAIL_SECONDS = 1.0  # an append made elsewhere shows in the live tail within this
 CONSOLE = "/__ds/console/"
@@ -50,16 +49,8 @@ UNLABELLED = """[...document.querySelectorAll("input, select, textarea")]
 @pytest.fixture(scope="module")
 async def browser() -> AsyncIterator[Any]:
     """Headless Chromium (the system's: no browser download) through Playwright."""
-    if CHROMIUM is None:
-        pytest.skip(
-            "no chromium on PATH: the console's browser tests need it (Debian: apt-get install chromium)"
-        )
-    if async_playwright is None:
-        pytest.skip("playwright is not installed (pip install -e '.[test]')")
-    async with async_playwright() as driver:
-        chromium = await driver.chromium.launch(executable_path=CHROMIUM)
+    async with headless_chromium("the console's browser tests need it") as chromium:
         yield chromium
-        await chromium.close()
 
 
 @pytest.fixture
