@@ -58,9 +58,10 @@ class Raw:
         self.writer.write(data)
         await self.writer.drain()
 
-    async def answer(self, head_only: bool = False) -> tuple[int, dict[str, str], bytes]:
-        """The next response: status, headers (lower-case names) and body."""
-        status_line = await asyncio.wait_for(self.reader.readline(), 10)
+    async def answer(self, head_only: bool = False, timeout: float = 10) -> tuple[int, dict[str, str], bytes]:
+        """The next response: status, headers (lower-case names) and body; TimeoutError when
+        its status line has not come in ``timeout`` seconds (nothing of it read then)."""
+        status_line = await asyncio.wait_for(self.reader.readline(), timeout)
         assert status_line.startswith((b"HTTP/1.1 ", b"HTTP/1.0 ")), status_line
         headers: dict[str, str] = {}
         while (line := await self.reader.readline()) != b"\r\n":
