@@ -175,7 +175,8 @@ _BY_TYPE: dict[str, Parse] = {"int": _whole(0), "float": _number(), "bool": _boo
 
 # The commands that take settings (gateway/cli/: serve, migrate, doctor; workers/commands.py:
 # archive, deliver, webhook-keys), and those that take the settings every process shares.
-COMMANDS = ("serve", "archive", "deliver", "webhook-keys", "migrate", "doctor")
+BACKUP = ("backup", "restore", "verify")  # gateway/cli/backup.py
+COMMANDS = ("serve", "archive", "deliver", "webhook-keys", "migrate", "doctor", *BACKUP)
 SHARED = ("serve", "archive", "deliver", "webhook-keys")
 SERVE, ARCHIVE, DELIVER = ("serve",), ("archive",), ("deliver",)
 _SPEC = "durable_streams"  # the key of a field's Spec in its metadata
@@ -220,13 +221,13 @@ class Settings:
         "redis-server in --data-dir (AOF, fsync on every write)",
         parse=_redis_url,
         also_env=("REDIS_URL",),
-        commands=(*SHARED, "migrate", "doctor"),
+        commands=(*SHARED, "migrate", "doctor", *BACKUP),
     )
     redis_cluster: bool = setting(
         False,
         "--redis-url is a node of a Redis Cluster (redis-py's RedisCluster.from_url: the "
         "other nodes are found from it); streams are spread over its shards by hash slot",
-        commands=(*SHARED, "migrate", "doctor"),
+        commands=(*SHARED, "migrate", "doctor", *BACKUP),
     )
     min_replicas_ack: int = setting(
         0,
@@ -243,7 +244,7 @@ class Settings:
         commands=SHARED,
     )
     data_dir: str = setting(
-        "./data", "where the embedded Redis keeps its data", commands=(*SHARED, "migrate", "doctor")
+        "./data", "where the embedded Redis keeps its data", commands=(*SHARED, "migrate", "doctor", *BACKUP)
     )
     prefix: str = setting("/v1/stream", "URL prefix streams live under", parse=_url_prefix)
     max_body_bytes: int = setting(
@@ -323,7 +324,7 @@ class Settings:
         "seconds to wait for a Redis reply; an append unanswered by then gets 504 "
         "(outcome unknown: retry it only as an idempotent producer)",
         parse=_POSITIVE,
-        commands=("serve", "deliver", "migrate", "doctor"),
+        commands=("serve", "deliver", "migrate", "doctor", *BACKUP),
     )
     shutdown_seconds: float = setting(
         30.0,
@@ -372,14 +373,14 @@ class Settings:
         1, "worker processes sharing the port (more than 1 runs under gunicorn)", parse=_whole(1)
     )
     log_level: str = setting(
-        "info", "debug, info, warning or error", parse=_log_level, commands=(*SHARED, "migrate")
+        "info", "debug, info, warning or error", parse=_log_level, commands=(*SHARED, "migrate", *BACKUP)
     )
     log_format: str = setting(
         "text",
         "text (one line per record) or json (one JSON object per line: ts, level, logger, "
         "message and the record's fields)",
         parse=_one_of(*LOG_FORMATS),
-        commands=(*SHARED, "migrate"),
+        commands=(*SHARED, "migrate", *BACKUP),
     )
     access_log: bool = setting(
         False,
@@ -402,7 +403,7 @@ class Settings:
         None,
         "where archived Parquet files live: a directory or an fsspec URL such as "
         "s3://bucket/prefix (needs s3fs); unset: <data-dir>/archive",
-        commands=(*SHARED, "doctor"),
+        commands=(*SHARED, "doctor", *BACKUP),
     )
     archive_hints: bool = setting(
         True,

@@ -1,7 +1,7 @@
 """The ``durable-streams`` command: ``serve``, ``check`` (check.py), ``migrate``
-(migrate.py), ``doctor`` (doctor.py) and the client's commands (client.py: info,
-cat, tail, append, ...) here, more subcommands from the ``durable_streams.commands`` entry
-point group (``archive``: workers/commands.py)."""
+(migrate.py), ``doctor`` (doctor.py), ``backup``/``restore``/``verify`` (backup.py) and the
+client's commands (client.py: info, cat, tail, append, ...) here, more subcommands from the
+``durable_streams.commands`` entry point group (``archive``: workers/commands.py)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from aiohttp import web
 from .. import __version__, config
 from ..protocol import access, quotas, ssrf
 from ..telemetry import logs
-from . import allocator, check, client, doctor, migrate
+from . import allocator, backup, check, client, doctor, migrate
 from .embedded import EmbeddedRedis, Supervisor
 
 # Entry point group of further subcommands: each entry names a function that adds
@@ -59,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.register(commands)
     migrate.register(commands)
     doctor.register(commands)
+    backup.register(commands)
     client.register(commands)
     registered = {entry.name: entry for entry in entry_points(group=COMMANDS)}  # one per name
     for name in sorted(registered):

@@ -396,6 +396,12 @@ class OutboxTaken(NamedTuple):
     recorded_ms: bytes
 
 
+class KeyDumped(NamedTuple):
+    payload: bytes | None
+    expiry: int
+    fields: list[bytes]
+
+
 class OutboxDoneArgv(NamedTuple):
     stream_id: str
     seen: str  # '' the stream was gone
@@ -584,6 +590,8 @@ RELEASE_FORK = Script("release_fork", ReleaseForkArgv, replies={"collected": For
 # migrate's step that lists streams made before the index (layout.py).
 STREAM_INFO = Script("stream_info", StreamInfoArgv, replies={"ok": StreamInfo}, writes=False)
 INDEX_ADD = Script("index_add")
+# `durable-streams backup` (gateway/backup/take.py): one hash tag's keys at one moment.
+BACKUP_KEYS = Script("backup_keys", reply=KeyDumped, repeats=True, writes=False)
 # Migrate's step to layout v3 (layout.py): offsets kept by subscriptions, rewritten.
 HASH_SWAP = Script("hash_swap", tail="swaps", groups={"swaps": Group(HashSwap)})
 # Ursula's snapshots (features/snapshots.py): the stream's record of its latest one.

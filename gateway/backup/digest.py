@@ -1,0 +1,80 @@
+"""A stream's summary as a backup's manifest keeps it, and the digest of its bytes: the same
+functions for the backup (from what it dumped) and for ``verify`` (from a live deployment)."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from ..archive.cold import ColdReader
+from ..archive.files import Archive
+from ..protocol.errors import ProtocolError
+from ..protocol.models import Meta, text
+from ..redis_io.scripts import Scripts
+from ..streams.reads import Reads
+
+
+def fields_digest(fields: list[Any] | dict[Any, Any]) -> str:
+    """A hash's fields and values (HGETALL's, flat from a script or a dict from redis-py) as
+    one SHA-256, in no order of Redis'."""
+    flat = [item for pair in fields.items() for item in pair] if isinstance(fields, dict) else fields
+    pairs = sorted((text(flat[i]), text(flat[i + 1])) for i in range(0, len(flat), 2))
+    joined = "\n".join(f"{k}\t{v}" for k, v in pairs)
+    return hashlib.sha256(joined.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def summary(meta: Meta, producers: Any, subscriptions: Any) -> dict[str, Any]:
+    """What a restore must give back of one stream, but its bytes (``content_digest``)."""
+    return {
+        "created": meta.created,
+        "content_type": meta.content_type,
+        "floor": meta.floor,
+        "tail": meta.tail,
+        "closed": meta.closed,
+        "ttl": meta.ttl,
+        "expires_at": meta.expires_at,
+        "producers": fields_digest(producers),
+        "subscriptions": fields_digest(subscriptions),
+    }
+
+
+def reader(scripts: Scripts, archive: Archive) -> Reads:
+    """Reads as a gateway's, for digests: pages of 1 MiB, no answer size cap."""
+    return Reads(scripts, ColdReader(archive, 64 << 20), 1 << 40, 64 * 1024)
+
+
+class Changed(Exception):
+    """The stream is not the one summarised (deleted, or created anew) or lost data meanwhile."""
+
+
+async def content_digest(
+    reads: Reads, sid: str, created: str, start: int, end: int, meta: Meta | None = None
+) -> str:
+    """SHA-256 of the stream's bytes in ``[start, end)``, wherever they are (its Redis log,
+    the archive's files, a fork's ancestors), read as catch-up reads page them; no sliding
+    TTL is refreshed. ``meta``: the stream's as last seen (a backup's dump), else looked up.
+    Raises ``Changed`` when the stream is not that incarnation any more, or (410) that data
+    is gone."""
+    digest = hashlib.sha256()
+    if meta is None:
+        try:
+            meta = await reads.head(sid)
+        except ProtocolError as exc:
+            raise Changed(f"{exc.status}") from None
+    if meta.created != created:
+        raise Changed("created anew")
+    pos = start
+    while pos < end:
+        try:
+            page = await reads.page(meta, pos, end)
+        except ProtocolError as exc:
+            raise Changed(f"{exc.status}") from None
+        for at, data in page:
+            if at != pos:
+                raise Changed(f"data at {at}, expected {pos}")
+            data = data[: end - pos]
+            digest.update(data)
+            pos += len(data)
+            if pos >= end:
+                break
+    return digest.hexdigest()
