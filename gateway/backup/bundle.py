@@ -90,16 +90,22 @@ class Writer:
         manifest = {"format": FORMAT, **manifest, "records": self.records, "files": self.parts}
         body = orjson.dumps(manifest, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
         (self.folder / MANIFEST).write_bytes(body)
-        _fsync_dir(self.folder)
+        _fsync_all(self.folder)
         (self.folder / SEAL).write_text(hashlib.sha256(body).hexdigest() + "\n")
-        _fsync_dir(self.folder)
+        _fsync_all(self.folder)
         return manifest
 
 
-def _fsync_dir(folder: Path) -> None:
+def _fsync_all(folder: Path) -> None:
+    """Every file in ``folder`` on disk, and the directory's entries for them."""
     for name in os.listdir(folder):
         with (folder / name).open("rb") as f:
             os.fsync(f.fileno())
+    entries = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(entries)
+    finally:
+        os.close(entries)
 
 
 def read_manifest(folder: Path) -> dict[str, Any]:

@@ -3,7 +3,9 @@ functions for the backup (from what it dumped) and for ``verify`` (from a live d
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+from collections.abc import Iterator
 from typing import Any
 
 from ..archive.cold import ColdReader
@@ -12,6 +14,9 @@ from ..protocol.errors import ProtocolError
 from ..protocol.models import Meta, text
 from ..redis_io.scripts import Scripts
 from ..streams.reads import Reads
+from . import Say
+
+AT_ONCE = 32  # streams read at once
 
 
 def fields_digest(fields: list[Any] | dict[Any, Any]) -> str:
@@ -23,9 +28,15 @@ def fields_digest(fields: list[Any] | dict[Any, Any]) -> str:
     return hashlib.sha256(joined.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def summary(meta: Meta, producers: Any, subscriptions: Any) -> dict[str, Any]:
-    """What a restore must give back of one stream, but its bytes (``content_digest``)."""
+def summary(
+    meta: Meta, producers: Any, subscriptions: Any, *, deleted: bool = False, expires_ms: int = -1
+) -> dict[str, Any]:
+    """What a restore must give back of one stream, but its bytes (``content_digest``).
+    ``deleted``: soft-deleted (kept for its forks' reads; its own reads answer 410);
+    ``expires_ms``: when its keys expire (absolute, -1 never)."""
     return {
+        "deleted": deleted,
+        "expires_ms": expires_ms,
         "created": meta.created,
         "content_type": meta.content_type,
         "floor": meta.floor,
@@ -78,3 +89,31 @@ async def content_digest(
             if pos >= end:
                 break
     return digest.hexdigest()
+
+
+async def digest_all(
+    reads: Reads, streams: dict[str, dict[str, Any]], metas: dict[str, Meta], say: Say
+) -> int:
+    """Each stream's content digest (``content``), ``AT_ONCE`` at a time, from the meta it was
+    taken with; a soft-deleted one has none, one that changed meanwhile None. Returns how
+    many changed."""
+    todo: Iterator[tuple[str, dict[str, Any]]] = iter(streams.items())
+    changed = 0
+
+    async def worker() -> None:
+        nonlocal changed
+        for sid, s in todo:
+            if s["deleted"]:
+                s["content"] = None
+                continue
+            try:
+                s["content"] = await content_digest(
+                    reads, sid, s["created"], s["floor"], s["tail"], metas[sid]
+                )
+            except Changed as exc:
+                s["content"] = None
+                changed += 1
+                say(f"  {sid}: changed while backed up ({exc}): its bytes are not digested")
+
+    await asyncio.gather(*(worker() for _ in range(AT_ONCE)))
+    return changed

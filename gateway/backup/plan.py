@@ -59,6 +59,17 @@ _GROUP_TAGS = {keys.due_key(g)[len(keys.PREFIX) + 2 : -len("}:due")] for g in ra
 _SUB_KEY = re.compile(r"ds:\{(?P<tag>[^}]*)\}:(?P<part>[slp]):(?P<sub>.*)", re.S)
 
 
+def key_text(key: bytes | str) -> str:
+    """A key's name as text, as keys.py encodes it (lone surrogates passed through); a name
+    that is not UTF-8 at all (another application's, in a shared Redis) with its bytes escaped."""
+    if isinstance(key, str):
+        return key
+    try:
+        return key.decode("utf-8", "surrogatepass")
+    except UnicodeDecodeError:
+        return key.decode("utf-8", "surrogateescape")
+
+
 def ours(key: str) -> bool:
     return key.startswith(PREFIXES)
 
@@ -103,6 +114,12 @@ def subscription_of(key: str) -> str | None:
     return match["sub"] if match is not None and match["tag"] in _GROUP_TAGS else None
 
 
+def is_subscription_state(key: str) -> bool:
+    """A subscription's state hash (one per subscription; ``keys.sub_keys``' first)."""
+    match = _SUB_KEY.fullmatch(key)
+    return match is not None and match["tag"] in _GROUP_TAGS and match["part"] == "s"
+
+
 def restored_name(key: str, cluster: bool) -> str:
     """The name a dumped key takes in a deployment of the given shape: its own, but a
     subscription's keys, which move to the group the shape gives the subscription."""
@@ -124,6 +141,15 @@ def listed_key(family: Listed, member: str, cluster: bool) -> str:
         hint_keys = keys.archive_hint_keys(cluster)
         return hint_keys[keys.archive_hint_shard(member, len(hint_keys))]
     return keys.sub_keys(member, cluster)[3]
+
+
+def is_segment_set(key: str) -> bool:
+    """An archive segment set (``keys.segments``): not a stream key whose path holds ':segs:'."""
+    try:
+        keys.split_segments_key(key)
+    except ValueError:
+        return False
+    return True
 
 
 def is_stream_meta(key: str) -> bool:

@@ -2,22 +2,26 @@
 same shape or the other (one Redis to a Cluster and back: plan.py renames what depends on it).
 
 Nothing is written before the whole backup checked out (its seal, every part's size and
-SHA-256) and the target was found empty; a restore that fails part way removes what it wrote
-(``RESTORE`` without ``REPLACE`` never overwrites), so it can simply be run again.
+SHA-256), the target was found empty, with no worker running on it and a Redis as new as the
+backup's (DUMP payloads do not load into an older one). A restore stopped part way (an error,
+Ctrl-C, SIGTERM) removes what it wrote (``RESTORE`` without ``REPLACE`` never overwrites), so it
+can simply be run again; one killed outright leaves keys: empty the target, then run it again.
+
+Then every restored stream is listed in the index, and every subscription and subscribed stream
+is due at once: the links between them, their outboxes and schedules were not taken at one
+moment (take.py), and a wake too many costs a delivery worker one look.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ..redis_io import keys
-from ..redis_io.connections import Client, scan_pages
-from . import bundle, plan
+from ..redis_io.connections import Client, scan_pages, version
+from . import Say, bundle, plan
 
-Say = Callable[[str], None]
 _BATCH = 500  # commands pipelined together
 
 
@@ -25,22 +29,35 @@ class NotEmpty(bundle.BackupError):
     pass
 
 
-async def _ensure_empty(redis: Client, backup_layout: int | None) -> bool:
-    """Refuse a target holding data of ours, or another layout stamp than the backup's.
-    Returns whether it holds the stamp already (then the backup's is not written)."""
+async def _check_target(redis: Client, manifest: dict[str, Any]) -> bool:
+    """Refuse a target holding data of ours, with a worker running on it, another layout stamp
+    than the backup's, or an older Redis. Returns whether it is stamped already (the
+    backup's stamp is then not written)."""
     async for page in scan_pages(redis, "*", count=1000):
         for raw in page:
-            name = raw.decode("utf-8", "surrogateescape") if isinstance(raw, bytes) else raw
+            name = plan.key_text(raw)
             if plan.holds_data(name):
                 raise NotEmpty(
-                    f"the target Redis holds our keys already ({name!r}, ...): restore needs an empty one"
+                    f"the target Redis holds data of ours ({name!r}, ...): restore needs an empty one"
                 )
-    stamp = await redis.get(keys.LAYOUT)
-    if stamp is not None and int(stamp) != backup_layout:
+    for alive, who in ((keys.ARCHIVE_WORKER_ALIVE, "archive"), (keys.SUBS_WORKER_ALIVE, "delivery")):
+        if await redis.exists(alive):
+            raise NotEmpty(
+                f"{who} workers run on the target: stop them (and the gateways) while it is restored"
+            )
+    stamp, source = await redis.get(keys.LAYOUT), manifest["source"]
+    if stamp is not None and int(stamp) != source["layout"]:
         raise NotEmpty(
-            f"the target Redis is stamped key layout v{int(stamp)}, the backup is v{backup_layout}: restore "
-            "into an empty Redis, then run `durable-streams migrate`"
+            f"the target Redis is stamped key layout v{int(stamp)}, the backup is v{source['layout']}: "
+            "restore into an empty Redis, then run `durable-streams migrate`"
         )
+    info = await redis.info("server")
+    if "redis_version" not in info:  # (RedisCluster: {node: reply})
+        info = next(iter(info.values()))
+    mine = str(info.get("redis_version", "0"))
+    if source.get("redis_version") and version(mine) < version(source["redis_version"]):
+        raise NotEmpty(f"the target runs Redis {mine}, the backup was taken from {source['redis_version']}: "
+                       "its values load only into a Redis as new or newer")  # fmt: skip
     return stamp is not None
 
 
@@ -49,7 +66,7 @@ async def restore_backup(redis: Client, cluster: bool, folder: Path, say: Say) -
     started = time.monotonic()
     manifest = bundle.read_manifest(folder)
     bundle.check_files(folder, manifest)
-    stamped = await _ensure_empty(redis, manifest["source"]["layout"])
+    stamped = await _check_target(redis, manifest)
     written: list[bytes] = []
     now_ms = int(time.time() * 1000)
     expired = 0
@@ -59,8 +76,8 @@ async def restore_backup(redis: Client, cluster: bool, folder: Path, say: Say) -
             if 0 <= expiry <= now_ms:  # its time passed since the backup: it would be gone
                 expired += 1
                 continue
-            name = key.decode("utf-8", "surrogateescape")
-            if stamped and name == keys.LAYOUT:  # (the same stamp: _ensure_empty)
+            name = plan.key_text(key)
+            if stamped and name == keys.LAYOUT:  # (the same stamp: _check_target)
                 continue
             target = plan.restored_name(name, cluster)
             batch.append(
@@ -71,16 +88,16 @@ async def restore_backup(redis: Client, cluster: bool, folder: Path, say: Say) -
                 batch = []
         await _restore(redis, batch, written)
         members = await _add_listed(redis, cluster, bundle.listed(folder), written)
-    except Exception:
-        say(f"restore: failed after {len(written)} keys: removing them")
+        listed, woken = await _mend(redis, cluster, manifest, written, now_ms)
+    except BaseException:  # (Ctrl-C and SIGTERM too: asyncio cancels)
+        say(f"restore: stopped after {len(written)} keys: removing them")
         await _remove(redis, written)
         raise
-    # The index was read after the streams were taken: every restored stream listed in it.
-    added = await _index(redis, cluster, [k for k in written if k.endswith(b"}:meta")])
     streams = len(manifest["streams"])
     say(
-        f"restore: {len(written)} keys ({streams} streams, {expired} expired since the backup), "
-        f"{members} listed members, {added} index entries mended, in {time.monotonic() - started:.1f} s"
+        f"restore: {len(written)} keys ({streams} streams, {expired} keys expired since the backup), "
+        f"{members} listed members, {listed} streams listed, {woken} subscriptions and streams due, "
+        f"in {time.monotonic() - started:.1f} s"
     )
     return {"keys": len(written), "expired": expired, "streams": streams}
 
@@ -102,33 +119,52 @@ async def _restore(redis: Client, batch: list[tuple[bytes, int, bytes]], written
 async def _add_listed(
     redis: Client, cluster: bool, listed: dict[str, list[list[Any]]], written: list[bytes]
 ) -> int:
-    added, touched = 0, set()
-    async with redis.pipeline(transaction=False) as pipe:
-        for family in plan.Listed:
-            for member, score in listed.get(family.value, []):
-                key = plan.listed_key(family, member, cluster)
-                if key not in touched:  # (to remove if the restore fails: the target had none)
-                    touched.add(key)
-                    written.append(key.encode("utf-8", "surrogatepass"))
-                pipe.zadd(key, {member: score})
-                added += 1
-                if added % _BATCH == 0:
-                    await pipe.execute()
-        await pipe.execute()
-    return added
+    adds = [
+        (plan.listed_key(family, member, cluster), member, score)
+        for family in plan.Listed
+        for member, score in listed.get(family.value, [])
+    ]
+    await _zadd(redis, adds, written)
+    return len(adds)
 
 
-async def _index(redis: Client, cluster: bool, metas: list[bytes]) -> int:
-    added = 0
-    for first in range(0, len(metas), _BATCH):
+async def _mend(
+    redis: Client, cluster: bool, manifest: dict[str, Any], written: list[bytes], now_ms: int
+) -> tuple[int, int]:
+    """Every restored stream in the index (soft-deleted ones are not listed), every
+    subscription and subscribed stream due now. Returns how many of each."""
+    index: list[tuple[str, str, float]] = []
+    wake: list[tuple[str, str, float]] = []
+    streams = manifest["streams"]
+    for key in list(written):
+        name = plan.key_text(key)
+        if plan.is_stream_meta(name):
+            sid = keys.key_stream_id(name)
+            if not streams.get(sid, {}).get("deleted"):
+                index.append((keys.stream_index(sid, cluster), sid, 0))
+        elif name.endswith("}:subs") and name == keys.stream_subs(keys.key_stream_id(name)):
+            sid = keys.key_stream_id(name)
+            wake.append((keys.subs_outbox(sid, cluster), sid, now_ms))
+        elif plan.is_subscription_state(name):
+            sub = (await redis.hget(key, "id")) or b""
+            if sub:
+                wake.append((keys.sub_keys(plan.key_text(sub), cluster)[3], plan.key_text(sub), now_ms))
+    await _zadd(redis, index + wake, written)
+    return len(index), len(wake)
+
+
+async def _zadd(redis: Client, adds: list[tuple[str, str, float]], written: list[bytes]) -> None:
+    """ZADD NX each (key, member, score); the keys noted (the target had none of them)."""
+    seen = set(written)
+    for first in range(0, len(adds), _BATCH):
         async with redis.pipeline(transaction=False) as pipe:
-            for meta in metas[first : first + _BATCH]:
-                name = meta.decode("utf-8", "surrogateescape")
-                if plan.is_stream_meta(name):
-                    sid = keys.key_stream_id(name)
-                    pipe.zadd(keys.stream_index(sid, cluster), {sid: 0}, nx=True)
-            added += sum(int(n) for n in await pipe.execute())
-    return added
+            for key, member, score in adds[first : first + _BATCH]:
+                raw = key.encode("utf-8", "surrogatepass")
+                if raw not in seen:
+                    seen.add(raw)
+                    written.append(raw)
+                pipe.zadd(key, {member: score}, nx=True)
+            await pipe.execute()
 
 
 async def _remove(redis: Client, written: list[bytes]) -> None:

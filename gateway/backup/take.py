@@ -1,26 +1,27 @@
 """``durable-streams backup``: a consistent backup of a live deployment, without stopping it.
 
-The cut: every key of one hash tag (a stream's meta, log, producers, forks, links, segment
-sets; a subscription's state) is taken by one script (lua/backup_keys.lua), so each stream is
-exactly as it was at one moment, after the backup began: every append acknowledged before
-``taken_ms`` is in it; later ones may be. The deployment's shape-dependent sorted sets (index,
-outboxes, schedules, hints) are read as they are after that (plan.py): a restore mends the
-index, and the workers' passes the rest.
+The cut: every key of one stream (meta, log, producers, forks, links, segment sets: one hash
+tag) is taken by one script (lua/backup_keys.lua), and so is every subscription's state, so
+each is exactly as it was at one moment after the backup began: every append acknowledged
+before ``taken_ms`` is in it; later ones may be. What links two of them (a fork and its source,
+a subscription and a stream, the outboxes and schedules) is not taken at one moment: a restore
+wakes every subscription and subscribed stream once to make up for that (restore.py). The
+deployment's shape-dependent sorted sets (index, outboxes, schedules, hints) are read as they
+are after the dumps (plan.py).
 
-The blip: a script holds its Redis (one primary) while it serializes one stream's keys, so a
-write to any stream on that primary waits that long: about the time DUMP takes for what the
-stream holds in Redis (docs/operations.md, Backups, measures it); the archive bounds that.
+The blip: a script holds its Redis (one primary of a Cluster) while it serializes its keys,
+and the calls of a round (``_CALLS_PER_ROUND``) run back to back: a write to that primary waits
+for them, about the time DUMP takes for what those streams hold in Redis (the archive bounds
+it); docs/operations.md, Backups, measures it.
 
 Then each stream's bytes up to its tail at the cut are read as a catch-up read would and
-digested (``digest.py``), for ``verify``.
+digested (digest.py), for ``verify``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections import defaultdict
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,57 +29,59 @@ from ..archive.segments import Segment
 from ..protocol.models import Meta, text
 from ..redis_io import keys
 from ..redis_io.connections import Client, every_node, scan_pages
-from ..redis_io.contracts import BACKUP_KEYS, KeyDumped
+from ..redis_io.contracts import BACKUP_KEYS, BackupKeysArgv, KeyDumped
 from ..redis_io.scripts import Scripts
 from ..streams.reads import Reads
-from . import bundle, digest, plan
+from . import Say, bundle, digest, plan
 
-Say = Callable[[str], None]
-_CALLS_PER_ROUND = 200  # script calls pipelined together (each one tag's keys)
-_DIGESTS_AT_ONCE = 32
+_CALLS_PER_ROUND = 50  # script calls pipelined together (each one stream's or subscription's keys)
 
-
-def decoded(key: bytes | str) -> str:
-    """A key's name as text, as keys.py encodes it (lone surrogates passed through); a name
-    that is not UTF-8 at all (another application's, in a shared Redis) with its bytes escaped."""
-    if isinstance(key, str):
-        return key
-    try:
-        return key.decode("utf-8", "surrogatepass")
-    except UnicodeDecodeError:
-        return key.decode("utf-8", "surrogateescape")
+Group = tuple[str, str | None]  # (hash tag, or a key's whole name; subscription id, or None)
 
 
-async def _scan(redis: Client) -> tuple[dict[tuple[str, str | None], set[bytes]], dict[bytes, plan.Listed]]:
-    """Our keys, dumped ones by (hash tag, subscription), listed ones apart."""
-    by_tag: dict[tuple[str, str | None], set[bytes]] = defaultdict(set)
+async def _scan(redis: Client, say: Say) -> tuple[dict[Group, set[bytes]], dict[bytes, plan.Listed]]:
+    """Our keys, dumped ones by group (a stream's together, a subscription's together, a key
+    without a tag alone), listed ones apart."""
+    groups: dict[Group, set[bytes]] = defaultdict(set)
     listed: dict[bytes, plan.Listed] = {}
     async for page in scan_pages(redis, "*", count=2000):
         for raw in page:
             key = raw if isinstance(raw, bytes) else raw.encode()
-            name = decoded(key)
-            if not plan.ours(name):
+            if not key.startswith((b"ds:", b"{ds:")):
+                continue  # (another application's, in a shared Redis)
+            name = plan.key_text(key)
+            try:
+                name.encode()
+            except UnicodeEncodeError:
+                say(f"  skipped {key!r}: not a name this deployment makes")
                 continue
             what = plan.kind(name)
             if isinstance(what, plan.Listed):
                 listed[key] = what
             elif what is plan.Kind.DUMPED:
-                # A stream's keys together; a subscription's (one group's tag holds many: all of
-                # them on one Redis); a key without a tag alone.
-                tag, sub = plan.tag_of(name), plan.subscription_of(name)
-                by_tag[f"{{{tag}}}" if tag is not None else name, sub].add(key)
-    return by_tag, listed
+                tag = plan.tag_of(name)
+                groups[f"{{{tag}}}" if tag is not None else name, plan.subscription_of(name)].add(key)
+    return groups, listed
 
 
 def _with_stream_keys(tag: str, found: set[bytes]) -> list[bytes]:
     """A stream's keys as found, and every one it may have: one created between the scan and
     the dump (its producers, say) must not be missing from a dump that has what it records."""
     names = set(found)
-    if any(plan.is_stream_meta(decoded(k)) for k in found):
+    if any(plan.is_stream_meta(plan.key_text(k)) for k in found):
         sid = tag[1:-1]
         extra = [*keys.stream_keys(sid)[:4], keys.stream_subs(sid), keys.stream_born(sid)]
         names.update(k.encode("utf-8", "surrogatepass") for k in extra)
     return sorted(names)
+
+
+def _reads(names: list[str]) -> str:
+    """What the script returns besides each key's value (its ARGV 1)."""
+    out = []
+    for name in names:
+        stream_hash = plan.is_stream_meta(name) or name.endswith(("}:prod", "}:subs"))
+        out.append("z" if plan.is_segment_set(name) else "h" if stream_hash else "-")
+    return "".join(out)
 
 
 class _Taking:
@@ -87,13 +90,17 @@ class _Taking:
         self.writer = writer
         self.streams: dict[str, dict[str, Any]] = {}
         self.metas: dict[str, Meta] = {}  # as dumped: the digests read from them
-        self.segment_sets: list[bytes] = []
+        self.files: set[str] = set()  # archive files the dumped segment sets name, committed
+        self.subscriptions = 0
 
     async def dump(self, groups: list[list[bytes]]) -> None:
         for first in range(0, len(groups), _CALLS_PER_ROUND):
             round_ = groups[first : first + _CALLS_PER_ROUND]
-            # (keys as text: the scripts' routing hashes text; Redis gets it as UTF-8 again)
-            calls: list[tuple[list[str], list[Any]]] = [([decoded(k) for k in group], []) for group in round_]
+            calls: list[tuple[list[str], list[Any]]] = []
+            for group in round_:
+                # (keys as text: the scripts' routing hashes text; Redis gets it as UTF-8 again)
+                names = [plan.key_text(k) for k in group]
+                calls.append((names, [*BackupKeysArgv(_reads(names))]))
             replies = await self.scripts.run_each(BACKUP_KEYS.name, calls)
             again: list[list[bytes]] = []
             for group, reply in zip(round_, replies, strict=True):
@@ -102,77 +109,69 @@ class _Taking:
                 missing = self._take(group, reply)
                 if missing:
                     again.append(sorted({*group, *missing}))
-            if again:  # a segment set the scan had not seen: the whole tag again, with it
+            if again:  # a segment set the scan had not seen: the whole stream again, with it
                 await self.dump(again)
 
     def _take(self, group: list[bytes], reply: list[Any]) -> list[bytes]:
-        """Records of one tag's dump; the summary of its stream. Returns keys it lacked."""
+        """Records of one group's dump; the summary of its stream. Returns keys it lacked."""
         dumped = [KeyDumped(*reply[i : i + 3]) for i in range(0, len(reply), 3)]
-        by_name = dict(zip((decoded(k) for k in group), dumped, strict=True))
+        by_name = dict(zip((plan.key_text(k) for k in group), dumped, strict=True))
         meta_name = next((n for n in by_name if plan.is_stream_meta(n)), None)
         if meta_name is not None and by_name[meta_name].payload is not None:
             sid = keys.key_stream_id(meta_name)
-            flat = by_name[meta_name].fields
-            meta = Meta.parse(sid, flat)
-            inc = next((text(flat[i + 1]) for i in range(0, len(flat), 2) if text(flat[i]) == "inc"), None)
-            segs = keys.segments(sid, inc) if inc else None  # (the archive's incarnation id)
-            if segs is not None and segs not in by_name:
-                return [segs.encode("utf-8", "surrogatepass")]
+            fields = _fields(by_name[meta_name].fields)
+            if "inc" in fields and keys.segments(sid, fields["inc"]) not in by_name:
+                return [keys.segments(sid, fields["inc"]).encode("utf-8", "surrogatepass")]
+            meta = Meta.parse(sid, by_name[meta_name].fields)
             producers, links = keys.stream_keys(sid)[2], keys.stream_subs(sid)
             self.metas[sid] = meta
             self.streams[sid] = digest.summary(
                 meta,
                 by_name[producers].fields if producers in by_name else [],
                 by_name[links].fields if links in by_name else [],
+                deleted=fields.get("deleted") == "1",
+                expires_ms=int(by_name[meta_name].expiry),
             )
+            if fields.get("snap_file"):  # an application snapshot's blob, in the archive
+                self.files.add(fields["snap_file"])
+        for name, item in by_name.items():
+            if plan.is_segment_set(name):
+                flat = item.fields
+                for i in range(0, len(flat), 2):
+                    if float(flat[i + 1]) >= 0:  # committed (-1 being written, -2 to delete)
+                        self.files.add(Segment.parse(flat[i]).file)
+            elif plan.is_subscription_state(name) and item.payload is not None:
+                self.subscriptions += 1
         for key, item in zip(group, dumped, strict=True):
-            if item.payload is None:
-                continue
-            self.writer.add(key, int(item.expiry), item.payload)
-            if ":segs:" in decoded(key) and decoded(key).startswith(f"{keys.PREFIX}:{{"):
-                self.segment_sets.append(key)
+            if item.payload is not None:
+                self.writer.add(key, int(item.expiry), item.payload)
         return []
+
+
+def _fields(flat: list[Any]) -> dict[str, str]:
+    return {text(flat[i]): text(flat[i + 1]) for i in range(0, len(flat), 2)}
 
 
 async def _listed(redis: Client, found: dict[bytes, plan.Listed]) -> dict[str, list[list[Any]]]:
     out: dict[str, list[list[Any]]] = {family.value: [] for family in plan.Listed}
     for key, family in found.items():
         async for member, score in redis.zscan_iter(key, count=1000):
-            out[family.value].append([decoded(member), score])
+            out[family.value].append([plan.key_text(member), score])
     return out
 
 
-async def _archive_files(redis: Client, sets: list[bytes]) -> list[str]:
-    """The files the backed-up segment sets name (the archive itself is not copied)."""
-    files: set[str] = set()
-    for key in sets:
-        async for member, _ in redis.zscan_iter(key, count=1000):
-            try:
-                files.add(Segment.parse(member).file)
-            except (ValueError, IndexError):
-                continue
-    return sorted(files)
-
-
-async def _digests(reads: Reads, streams: dict[str, dict[str, Any]], metas: dict[str, Meta], say: Say) -> int:
-    """Each stream's content digest, a few at once; one that changed meanwhile has none."""
-    gate = asyncio.Semaphore(_DIGESTS_AT_ONCE)
-    changed = 0
-
-    async def one(sid: str, s: dict[str, Any]) -> None:
-        nonlocal changed
-        async with gate:
-            try:
-                s["content"] = await digest.content_digest(
-                    reads, sid, s["created"], s["floor"], s["tail"], metas[sid]
-                )
-            except digest.Changed as exc:
-                s["content"] = None
-                changed += 1
-                say(f"  {keys.path_of(sid)}: changed while backed up ({exc}): its bytes are not digested")
-
-    await asyncio.gather(*(one(sid, s) for sid, s in streams.items()))
-    return changed
+async def _server(redis: Client, cluster: bool) -> tuple[int, str | None]:
+    """The server's clock (ms) and Redis version (of a primary, on a Cluster)."""
+    target = (await every_node(redis))[0] if cluster else {}
+    now = await redis.time(**target)
+    if isinstance(now, dict):  # (RedisCluster: {node: reply})
+        now = next(iter(now.values()))
+    info = await redis.info("server", **target)
+    if "redis_version" not in info:
+        info = next(iter(info.values()))
+    seconds, micros = now
+    version = info.get("redis_version")
+    return int(seconds) * 1000 + int(micros) // 1000, text(version) if version else None
 
 
 async def take_backup(
@@ -181,26 +180,20 @@ async def take_backup(
     """Back the deployment behind ``scripts``/``redis`` up into ``folder``; the manifest."""
     writer = bundle.Writer(folder)
     started = time.monotonic()
-    seconds, micros = await redis.time() if not scripts.cluster else await _cluster_time(redis)
-    taken_ms = int(seconds) * 1000 + int(micros) // 1000
-    info = await redis.info("server")
-    version = info.get("redis_version") if isinstance(info, dict) and "redis_version" in info else None
-    if version is None and isinstance(info, dict):  # RedisCluster: {node: info}
-        version = next((v.get("redis_version") for v in info.values() if isinstance(v, dict)), None)
+    taken_ms, version = await _server(redis, scripts.cluster)
     layout = await redis.get(keys.LAYOUT)
-    by_tag, listed_keys = await _scan(redis)
+    found, listed_keys = await _scan(redis, say)
     groups = [
-        _with_stream_keys(tag, found) if tag[0] == "{" and sub is None else sorted(found)
-        for (tag, sub), found in by_tag.items()
+        _with_stream_keys(tag, found_) if tag[0] == "{" and sub is None else sorted(found_)
+        for (tag, sub), found_ in found.items()
     ]
-    say(f"backup: {len(groups)} key groups, {len(listed_keys)} listed sets")
+    say(f"backup: {len(groups)} streams, subscriptions and keys; {len(listed_keys)} listed sets")
     taking = _Taking(scripts, writer)
     await taking.dump(groups)
     dumped_s = time.monotonic() - started
     listed = await _listed(redis, listed_keys)
-    files = await _archive_files(redis, taking.segment_sets)
-    changed = await _digests(reads, taking.streams, taking.metas, say)
-    total = sum(s["tail"] - s["floor"] for s in taking.streams.values())
+    changed = await digest.digest_all(reads, taking.streams, taking.metas, say)
+    total = sum(s["tail"] - s["floor"] for s in taking.streams.values() if not s["deleted"])
     manifest = writer.finish(
         {
             "taken_ms": taken_ms,
@@ -208,11 +201,12 @@ async def take_backup(
             "source": {
                 "cluster": scripts.cluster,
                 "primaries": len(await every_node(redis)),
-                "redis_version": text(version) if version else None,
+                "redis_version": version,
                 "layout": int(layout) if layout is not None else None,
             },
-            "archive": {"location": archive_location, "files": files},
+            "archive": {"location": archive_location, "files": sorted(taking.files)},
             "streams": taking.streams,
+            "subscriptions": taking.subscriptions,
             "stream_bytes": total,
             "changed_while_taken": changed,
             "dump_seconds": round(dumped_s, 3),
@@ -220,13 +214,8 @@ async def take_backup(
         listed,
     )
     say(
-        f"backup: {len(taking.streams)} streams ({total} bytes), {manifest['records']} keys, "
-        f"{len(files)} archive files named, in {time.monotonic() - started:.1f} s: {folder}"
+        f"backup: {len(taking.streams)} streams ({total} bytes), {taking.subscriptions} subscriptions, "
+        f"{manifest['records']} keys, {len(taking.files)} archive files named, "
+        f"in {time.monotonic() - started:.1f} s: {folder}"
     )
     return manifest
-
-
-async def _cluster_time(redis: Client) -> Any:
-    (node,) = (await every_node(redis))[:1]
-    reply = await redis.time(**node)
-    return next(iter(reply.values())) if isinstance(reply, dict) else reply

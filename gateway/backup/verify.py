@@ -2,17 +2,20 @@
 manifest, every difference said.
 
 For each stream the backup holds: it is there, the same incarnation, its bytes up to the
-backup's tail the same (a digest of what catch-up reads return), its content type, floor,
-TTL, closed state, producers and subscription links the same. A stream that only grew since
-(appends after the backup; its producers moved on with them) is a difference with
-``exact`` only (comparing a restore with its backup, nothing may differ); so is a stream the
-backup does not hold. The archive files the backup's segment sets name must exist.
+backup's tail the same (a digest of what catch-up reads return), its content type, floor, TTL,
+closed state, producers and subscription links the same; a soft-deleted one still soft-deleted
+(or gone: its forks let it go). What a live deployment does on its own since the backup is not a
+difference but with ``exact`` (comparing a restore with its backup): a stream that grew (its
+producers, closed state and links moving on with it), retention raising a floor, a stream whose
+TTL passed, a stream the backup does not hold. The number of subscriptions is compared too, and
+the archive files the backup names must exist.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +24,9 @@ from ..protocol.errors import ProtocolError
 from ..redis_io import keys
 from ..redis_io.connections import Client, scan_pages
 from ..streams.reads import Reads
-from . import bundle, digest
+from . import Say, bundle, digest, plan
 
-Say = Callable[[str], None]
-AT_ONCE = 32  # streams compared at once
+GREW, MOVED_ON = "grew", "moved on"  # (not differences, but with exact)
 
 
 async def verify_backup(
@@ -34,59 +36,68 @@ async def verify_backup(
     manifest = bundle.read_manifest(folder)
     bundle.check_files(folder, manifest)
     problems: list[str] = []
-    grew = 0
-    gate = asyncio.Semaphore(AT_ONCE)
+    counts = {GREW: 0, MOVED_ON: 0}
+    todo: Iterator[tuple[str, dict[str, Any]]] = iter(manifest["streams"].items())
 
-    async def one(sid: str, was: dict[str, Any]) -> None:
-        nonlocal grew
-        async with gate:
+    async def worker() -> None:
+        for sid, was in todo:
             found = await _compare(redis, reads, sid, was, exact)
-        if found == "grew":
-            grew += 1
-        elif found:
-            problems.append(f"{keys.path_of(sid)}: {found}")
+            if found in counts:
+                counts[found] += 1
+            elif found:
+                problems.append(f"{keys.path_of(sid)}: {found}")
 
-    await asyncio.gather(*(one(sid, was) for sid, was in manifest["streams"].items()))
+    await asyncio.gather(*(worker() for _ in range(digest.AT_ONCE)))
     problems.sort()
+    streams, subscriptions = await _ours(redis)
     if exact:
-        extra = await _streams_not_in(redis, manifest["streams"])
-        problems += [f"{keys.path_of(sid)}: not in the backup" for sid in extra]
+        problems += [
+            f"{keys.path_of(sid)}: not in the backup" for sid in sorted(streams - set(manifest["streams"]))
+        ]
+        if subscriptions != manifest.get("subscriptions", subscriptions):
+            problems.append(f"{subscriptions} subscriptions, the backup has {manifest['subscriptions']}")
     present = set(archive.files())
-    missing = [f for f in manifest["archive"]["files"] if f not in present]
-    problems += [f"archive file missing: {f}" for f in missing]
+    problems += [f"archive file missing: {f}" for f in manifest["archive"]["files"] if f not in present]
     for line in problems:
         say(line)
+    said = [f"{counts[GREW]} grew since the backup"] if counts[GREW] else []
+    said += [f"{counts[MOVED_ON]} trimmed, expired or let go since"] if counts[MOVED_ON] else []
     say(
         f"verify: {len(manifest['streams'])} streams, {len(problems)} difference(s)"
-        + (f", {grew} grew since the backup" if grew else "")
+        + "".join(f", {s}" for s in said)
     )
     return problems
 
 
 async def _compare(redis: Client, reads: Reads, sid: str, was: dict[str, Any], exact: bool) -> str:
-    """'' same; 'grew' only appended to since; else what differs."""
+    """'' the same; GREW or MOVED_ON (what a live deployment does on its own); else what differs."""
+    expired = 0 < was.get("expires_ms", -1) <= time.time() * 1000
     try:
         meta = await reads.head(sid)
     except ProtocolError as exc:
+        if exc.status == 410 and was.get("deleted"):
+            return ""  # soft-deleted then, soft-deleted now
+        if exc.status == 404 and (expired or was.get("deleted")) and not exact:
+            return MOVED_ON  # its TTL passed, or its forks let it go
         return "missing" if exc.status == 404 else f"unreadable ({exc.status})"
+    if was.get("deleted"):
+        return "soft-deleted in the backup, readable now"
     producers, links = keys.stream_keys(sid)[2], keys.stream_subs(sid)
     now = digest.summary(meta, await redis.hgetall(producers), await redis.hgetall(links))
     if now["created"] != was["created"]:
         return "another incarnation (deleted and created again since the backup)"
     if now["tail"] < was["tail"]:
         return f"shorter: tail {now['tail']}, the backup's {was['tail']}"
-    differs = [
-        f"{field} {now[field]!r}, the backup's {was[field]!r}"
-        for field in ("content_type", "floor", "ttl", "expires_at", "subscriptions")
-        if now[field] != was[field]
-    ]
-    grown = now["tail"] > was["tail"]
-    for field in ("closed", "producers"):  # both move on with appends after the backup
-        if now[field] != was[field] and (exact or not grown):
-            differs.append(f"{field} {now[field]!r}, the backup's {was[field]!r}")
+    grown, trimmed = now["tail"] > was["tail"], now["floor"] > was["floor"]
+    moving = ("closed", "producers", "subscriptions") if grown else ("subscriptions",)
+    differs = []
+    for field in ("content_type", "floor", "ttl", "expires_at", "closed", "producers", "subscriptions"):
+        if now[field] == was[field] or (not exact and (field in moving or (field == "floor" and trimmed))):
+            continue
+        differs.append(f"{field} {now[field]!r}, the backup's {was[field]!r}")
     if grown and exact:
         differs.append(f"tail {now['tail']}, the backup's {was['tail']}")
-    if was.get("content") is not None:
+    if was.get("content") is not None and not trimmed:
         try:
             content = await digest.content_digest(reads, sid, was["created"], was["floor"], was["tail"])
         except digest.Changed as exc:
@@ -95,15 +106,18 @@ async def _compare(redis: Client, reads: Reads, sid: str, was: dict[str, Any], e
             differs.append("its bytes up to the backup's tail differ")
     if differs:
         return "; ".join(differs)
-    return "grew" if grown else ""
+    return GREW if grown else MOVED_ON if trimmed else ""
 
 
-async def _streams_not_in(redis: Client, streams: dict[str, Any]) -> list[str]:
-    extra: list[str] = []
-    async for page in scan_pages(redis, keys.META_PATTERN, count=1000):
+async def _ours(redis: Client) -> tuple[set[str], int]:
+    """The streams (ids) and the number of subscriptions the deployment holds now."""
+    streams: set[str] = set()
+    subscriptions = 0
+    async for page in scan_pages(redis, f"{keys.PREFIX}:{{*", count=1000):
         for raw in page:
-            name = raw.decode("utf-8", "surrogateescape") if isinstance(raw, bytes) else raw
-            sid = keys.key_stream_id(name)
-            if sid not in streams:
-                extra.append(sid)
-    return sorted(extra)
+            name = plan.key_text(raw)
+            if plan.is_stream_meta(name):
+                streams.add(keys.key_stream_id(name))
+            elif plan.is_subscription_state(name):
+                subscriptions += 1
+    return streams, subscriptions

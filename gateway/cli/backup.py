@@ -66,6 +66,9 @@ def main(ns: argparse.Namespace) -> int:
         return 1
 
 
+MIN_TIMEOUT = 120.0  # seconds a backup command waits for one Redis reply, at least
+
+
 def _say(line: str) -> None:
     print(line, flush=True)
 
@@ -81,7 +84,8 @@ async def _run(command: str, settings: config.Settings, url: str, folder: Path, 
     from ..redis_io.connections import general
     from ..redis_io.scripts import connect_scripts
 
-    cluster, timeout = settings.redis_cluster, settings.redis_timeout
+    # A script that serializes a large stream may take longer than a request's timeout.
+    cluster, timeout = settings.redis_cluster, max(settings.redis_timeout, MIN_TIMEOUT)
     redis = general(url, cluster=cluster, socket_timeout=timeout, socket_connect_timeout=timeout)
     scripts = connect_scripts(url, cluster=cluster, max_connections=32, timeout=timeout)
     try:
@@ -92,7 +96,15 @@ async def _run(command: str, settings: config.Settings, url: str, folder: Path, 
         archive = Archive(settings.archive_location)
         reads = reader(scripts, archive)
         if command == "backup":
-            await _redis(take_backup(scripts, redis, reads, folder, settings.archive_location, _say))
+            try:
+                await _redis(take_backup(scripts, redis, reads, folder, settings.archive_location, _say))
+            except BaseException as exc:  # (a refusal before writing is a BackupError)
+                if not isinstance(exc, bundle.BackupError) and not (folder / bundle.SEAL).exists():
+                    print(
+                        f"durable-streams backup: {folder} holds an unfinished backup: remove it",
+                        file=sys.stderr,
+                    )
+                raise
             return 0
         return 1 if await _redis(verify_backup(redis, reads, archive, folder, exact, _say)) else 0
     finally:

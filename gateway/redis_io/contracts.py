@@ -396,6 +396,10 @@ class OutboxTaken(NamedTuple):
     recorded_ms: bytes
 
 
+class BackupKeysArgv(NamedTuple):
+    reads: str  # a letter per key: 'h' HGETALL, 'z' ZRANGE WITHSCORES, '-' none
+
+
 class KeyDumped(NamedTuple):
     payload: bytes | None
     expiry: int
@@ -591,7 +595,7 @@ RELEASE_FORK = Script("release_fork", ReleaseForkArgv, replies={"collected": For
 STREAM_INFO = Script("stream_info", StreamInfoArgv, replies={"ok": StreamInfo}, writes=False)
 INDEX_ADD = Script("index_add")
 # `durable-streams backup` (gateway/backup/take.py): one hash tag's keys at one moment.
-BACKUP_KEYS = Script("backup_keys", reply=KeyDumped, repeats=True, writes=False)
+BACKUP_KEYS = Script("backup_keys", BackupKeysArgv, reply=KeyDumped, repeats=True, writes=False)
 # Migrate's step to layout v3 (layout.py): offsets kept by subscriptions, rewritten.
 HASH_SWAP = Script("hash_swap", tail="swaps", groups={"swaps": Group(HashSwap)})
 # Ursula's snapshots (features/snapshots.py): the stream's record of its latest one.
