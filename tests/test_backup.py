@@ -44,7 +44,7 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def ok(done: subprocess.CompletedProcess[str]) -> str:
-    assert done.returncode == 0, (done.stdout, done.stderr)
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
     return done.stdout
 
 

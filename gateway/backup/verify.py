@@ -35,6 +35,9 @@ async def verify_backup(
     """The differences between the deployment and the backup in ``folder`` (none: it matches)."""
     manifest = bundle.read_manifest(folder)
     bundle.check_files(folder, manifest)
+    # First, alone: a RedisCluster client's first commands, sent at once, race its start-up
+    # (redis-py: "'NoneType' object has no attribute 'writelines'"); this one starts it.
+    streams, subscriptions = await _ours(redis)
     problems: list[str] = []
     counts = {GREW: 0, MOVED_ON: 0}
     todo: Iterator[tuple[str, dict[str, Any]]] = iter(manifest["streams"].items())
@@ -49,7 +52,6 @@ async def verify_backup(
 
     await asyncio.gather(*(worker() for _ in range(digest.AT_ONCE)))
     problems.sort()
-    streams, subscriptions = await _ours(redis)
     if exact:
         problems += [
             f"{keys.path_of(sid)}: not in the backup" for sid in sorted(streams - set(manifest["streams"]))
