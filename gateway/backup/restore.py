@@ -21,6 +21,7 @@ from typing import Any
 from ..redis_io import keys
 from ..redis_io.connections import Client, scan_pages, version
 from . import Say, bundle, plan
+from .take import redis_version
 
 _BATCH = 500  # commands pipelined together
 
@@ -51,10 +52,7 @@ async def _check_target(redis: Client, manifest: dict[str, Any]) -> bool:
             f"the target Redis is stamped key layout v{int(stamp)}, the backup is v{source['layout']}: "
             "restore into an empty Redis, then run `durable-streams migrate`"
         )
-    info = await redis.info("server")
-    if "redis_version" not in info:  # (RedisCluster: {node: reply})
-        info = next(iter(info.values()))
-    mine = str(info.get("redis_version", "0"))
+    mine = await redis_version(redis) or "0"
     if source.get("redis_version") and version(mine) < version(source["redis_version"]):
         raise NotEmpty(f"the target runs Redis {mine}, the backup was taken from {source['redis_version']}: "
                        "its values load only into a Redis as new or newer")  # fmt: skip

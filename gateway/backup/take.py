@@ -160,18 +160,23 @@ async def _listed(redis: Client, found: dict[bytes, plan.Listed]) -> dict[str, l
     return out
 
 
+async def redis_version(redis: Client, **target: Any) -> str | None:
+    """The Redis version ``redis`` (or the ``target_nodes`` given) runs."""
+    info = await redis.info("server", **target)
+    if "redis_version" not in info:  # (RedisCluster: {node: reply})
+        info = next(iter(info.values()))
+    version = info.get("redis_version")
+    return text(version) if version else None
+
+
 async def _server(redis: Client, cluster: bool) -> tuple[int, str | None]:
     """The server's clock (ms) and Redis version (of a primary, on a Cluster)."""
     target = (await every_node(redis))[0] if cluster else {}
     now = await redis.time(**target)
     if isinstance(now, dict):  # (RedisCluster: {node: reply})
         now = next(iter(now.values()))
-    info = await redis.info("server", **target)
-    if "redis_version" not in info:
-        info = next(iter(info.values()))
     seconds, micros = now
-    version = info.get("redis_version")
-    return int(seconds) * 1000 + int(micros) // 1000, text(version) if version else None
+    return int(seconds) * 1000 + int(micros) // 1000, await redis_version(redis, **target)
 
 
 async def take_backup(
