@@ -173,10 +173,11 @@ _BY_TYPE: dict[str, Parse] = {"int": _whole(0), "float": _number(), "bool": _boo
 
 # -- declaring a setting -----------------------------------------------------------
 
-# The commands that take settings (gateway/cli/: serve, migrate, doctor; workers/commands.py:
+# The commands that take settings (gateway/cli/: serve, migrate, fleet, doctor; workers/commands.py:
 # archive, deliver, webhook-keys), and those that take the settings every process shares.
 BACKUP = ("backup", "restore", "verify")  # gateway/cli/backup.py
-COMMANDS = ("serve", "archive", "deliver", "webhook-keys", "migrate", "doctor", *BACKUP)
+UPGRADE = ("migrate", "fleet")  # gateway/cli/migrate.py
+COMMANDS = ("serve", "archive", "deliver", "webhook-keys", *UPGRADE, "doctor", *BACKUP)
 SHARED = ("serve", "archive", "deliver", "webhook-keys")
 SERVE, ARCHIVE, DELIVER = ("serve",), ("archive",), ("deliver",)
 _SPEC = "durable_streams"  # the key of a field's Spec in its metadata
@@ -221,13 +222,13 @@ class Settings:
         "redis-server in --data-dir (AOF, fsync on every write)",
         parse=_redis_url,
         also_env=("REDIS_URL",),
-        commands=(*SHARED, "migrate", "doctor", *BACKUP),
+        commands=(*SHARED, *UPGRADE, "doctor", *BACKUP),
     )
     redis_cluster: bool = setting(
         False,
         "--redis-url is a node of a Redis Cluster (redis-py's RedisCluster.from_url: the "
         "other nodes are found from it); streams are spread over its shards by hash slot",
-        commands=(*SHARED, "migrate", "doctor", *BACKUP),
+        commands=(*SHARED, *UPGRADE, "doctor", *BACKUP),
     )
     min_replicas_ack: int = setting(
         0,
@@ -244,7 +245,7 @@ class Settings:
         commands=SHARED,
     )
     data_dir: str = setting(
-        "./data", "where the embedded Redis keeps its data", commands=(*SHARED, "migrate", "doctor", *BACKUP)
+        "./data", "where the embedded Redis keeps its data", commands=(*SHARED, *UPGRADE, "doctor", *BACKUP)
     )
     prefix: str = setting("/v1/stream", "URL prefix streams live under", parse=_url_prefix)
     max_body_bytes: int = setting(
@@ -324,7 +325,7 @@ class Settings:
         "seconds to wait for a Redis reply; an append unanswered by then gets 504 "
         "(outcome unknown: retry it only as an idempotent producer)",
         parse=_POSITIVE,
-        commands=("serve", "deliver", "migrate", "doctor", *BACKUP),
+        commands=("serve", "deliver", *UPGRADE, "doctor", *BACKUP),
     )
     shutdown_seconds: float = setting(
         30.0,
@@ -373,14 +374,14 @@ class Settings:
         1, "worker processes sharing the port (more than 1 runs under gunicorn)", parse=_whole(1)
     )
     log_level: str = setting(
-        "info", "debug, info, warning or error", parse=_log_level, commands=(*SHARED, "migrate", *BACKUP)
+        "info", "debug, info, warning or error", parse=_log_level, commands=(*SHARED, *UPGRADE, *BACKUP)
     )
     log_format: str = setting(
         "text",
         "text (one line per record) or json (one JSON object per line: ts, level, logger, "
         "message and the record's fields)",
         parse=_one_of(*LOG_FORMATS),
-        commands=(*SHARED, "migrate", *BACKUP),
+        commands=(*SHARED, *UPGRADE, *BACKUP),
     )
     access_log: bool = setting(
         False,

@@ -282,3 +282,23 @@ def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]
         pytest.skip(reason)
     with start_cluster(tmp_path_factory.mktemp("cluster")) as cluster:
         yield cluster
+
+
+@pytest.fixture
+def s3_url(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A bucket on a local S3 (moto's server): the real S3 API, through s3fs."""
+    pytest.importorskip("s3fs", reason="s3fs is the [s3] extra")
+    moto_server = pytest.importorskip("moto.server", reason="moto[server] is in the [test] extra")
+    import boto3
+
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    for name, value in (("AWS_ACCESS_KEY_ID", "test"), ("AWS_SECRET_ACCESS_KEY", "test"),
+                        ("AWS_DEFAULT_REGION", "us-east-1"), ("AWS_ENDPOINT_URL", endpoint)):  # fmt: skip
+        monkeypatch.setenv(name, value)
+    bucket = f"ds-{uuid.uuid4().hex[:8]}"
+    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=bucket)
+    yield f"s3://{bucket}/streams"
+    server.stop()

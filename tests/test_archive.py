@@ -18,7 +18,6 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
@@ -30,11 +29,13 @@ from gateway.archive.cold import ColdReader
 from gateway.archive.files import Archive
 from gateway.archive.schema import Row, to_table
 from gateway.archive.segments import Segment, file_name
+from gateway.http.context import GATEWAY
 from gateway.protocol import offsets
 from gateway.redis_io import keys
+from gateway.streams import reads
 from workers.archiver import Archiver, Policy
 
-from .conftest import free_port, ready_worker
+from .conftest import free_port, ready_worker, start_gateway
 
 # Every round due at once (max delay 0); files below min_bytes are merged with the next
 # round (min_bytes 0 would merge nothing). Tiny row groups: cold reads cross row groups as well as files.
@@ -454,26 +455,6 @@ async def test_object_store_urls_go_through_fsspec():
         archive.read(name)
 
 
-@pytest.fixture
-def s3_url(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """A bucket on a local S3 (moto's server): the real S3 API, through s3fs."""
-    pytest.importorskip("s3fs", reason="s3fs is the [s3] extra")
-    moto_server = pytest.importorskip("moto.server", reason="moto[server] is in the [test] extra")
-    import boto3
-
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    for name, value in (("AWS_ACCESS_KEY_ID", "test"), ("AWS_SECRET_ACCESS_KEY", "test"),
-                        ("AWS_DEFAULT_REGION", "us-east-1"), ("AWS_ENDPOINT_URL", endpoint)):  # fmt: skip
-        monkeypatch.setenv(name, value)
-    bucket = f"ds-{uuid.uuid4().hex[:8]}"
-    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=bucket)
-    yield f"s3://{bucket}/streams"
-    server.stop()
-
-
 async def test_s3_archive_end_to_end(http, redis, redis_url, s3_url):
     """Worker writes to S3, the gateway reads from it, deletion removes the objects."""
     from .conftest import start_gateway
@@ -491,5 +472,141 @@ async def test_s3_archive_end_to_end(http, redis, redis_url, s3_url):
             assert r.status == 204
         await Archiver(redis, archive, HOT0).reconcile(force=True)
         assert archive.files() == []
+    finally:
+        await server.close()
+
+
+async def test_catch_up_reads_while_files_are_merged_never_fail(
+    http: aiohttp.ClientSession, own_redis, tmp_path: Path
+) -> None:
+    """A worker that merges small files every 0.1 s deletes each replaced file as soon as the
+    merged one is committed: a read that looked the old one up a moment before finds it gone
+    and asks again, a little apart, before it would answer 503."""
+    from .conftest import serving
+    from .faults.harness import ArchiveProc
+
+    archive_dir = tmp_path / "archive"
+    worker = ArchiveProc("merging", own_redis.url, archive_dir, tmp_path, lease_seconds=5)
+    worker.args[worker.args.index("--archive-min-bytes") + 1] = "2048"  # merged at every round
+    async with serving(own_redis.url, archive_url=str(archive_dir)) as base:
+        url = f"{base}/merged"
+        async with http.put(url, headers={"Content-Type": "text/plain"}) as r:
+            assert r.status == 201
+        worker.start()
+        written = bytearray()
+        stop = asyncio.Event()
+        reads, failures, got = 0, [], []
+
+        async def write() -> None:
+            n = 0
+            while not stop.is_set():
+                piece = f"{n:06d};".encode() * 20
+                async with http.post(url, data=piece, headers={"Content-Type": "text/plain"}) as r:
+                    assert r.status == 204
+                written.extend(piece)
+                n += 1
+                await asyncio.sleep(0.002)
+
+        async def read(rng: random.Random) -> None:
+            nonlocal reads
+            while not stop.is_set():
+                if len(written) < 1000:
+                    await asyncio.sleep(0.05)
+                    continue
+                at = rng.randrange(0, len(written) - 1)
+                async with http.get(url, params={"offset": offsets.encode(at)}) as r:
+                    body = await r.read()
+                    if r.status != 200:
+                        failures.append(f"{r.status} {body[:80]!r}")
+                    else:
+                        got.append((at, body))  # (checked at the end: it may hold appends not yet acked)
+                reads += 1
+
+        try:
+            tasks = [asyncio.create_task(write())] + [
+                asyncio.create_task(read(random.Random(i))) for i in range(4)
+            ]
+            await asyncio.sleep(10)
+            stop.set()
+            await asyncio.gather(*tasks)
+        finally:
+            worker.kill()
+    files = len(list(archive_dir.rglob("*.parquet")))
+    failures += [f"offset {at}: other bytes" for at, body in got if not written[at:].startswith(body)]
+    assert failures == [] and reads > 300 and files > 0, (failures[:5], reads, files)
+
+
+# A worker merging every 0.2 s replaces a read's file at most this many times in a row
+# while the read asks again (its retries wait ~2 s in all): it must ride them all out.
+SURVIVED_MERGES = 7
+
+
+async def test_a_read_rides_out_merges_that_delete_its_file(http, redis, redis_url, archive_dir, monkeypatch):
+    """The race above, made deterministic: each time a catch-up read is about to open the
+    archive file it looked up, a real merge by the worker commits a larger file in its place
+    and deletes it. The read asks again each time: after SURVIVED_MERGES in a row it still
+    answers the stream's bytes exactly (file, then Redis log); past FILE_RETRIES, a 503 with
+    Retry-After, after which a read succeeds."""
+    archive = Archive(archive_dir)
+    server = await start_gateway(redis_url, archive_url=archive_dir)
+    try:
+        base = server.make_url("/v1/stream")
+        ok_url, failing_url = (f"{base}/merged-{uuid.uuid4().hex[:8]}-{n}" for n in range(2))
+        merges = {ok_url: SURVIVED_MERGES, failing_url: reads.FILE_RETRIES + 1}
+        # One append a piece: the first archived alone, then one more merged in each time;
+        # two left in the log (the surviving read goes on from the file into Redis).
+        pieces = {u: [f"{u[-1]}:{n:02d};".encode() * 8 for n in range(k + 3)] for u, k in merges.items()}
+        ends = {u: [sum(map(len, p[: n + 1])) for n in range(len(p))] for u, p in pieces.items()}
+        for u, p in pieces.items():
+            await create(http, u, "application/octet-stream", *p)
+            first = dataclasses.replace(HOT0, hot_bytes=ends[u][-1] - ends[u][0])
+            await Archiver(redis, archive, first).archive_stream(sid_of(u))
+            assert [(s.start, s.end) for s in await segments_of(redis, u)] == [(0, ends[u][0])]
+
+        cold = server.app[GATEWAY].store._reads.cold
+        real_take = cold.take
+        stream_of = {sid_digest(sid_of(u)): u for u in merges}
+        opened = {u: [] for u in merges}  # the files each read went to open, in order
+        merged = {u: [] for u in merges}  # (file replaced, file now committed, the old one still there)
+
+        async def take(segment, *args):
+            u = next(u for digest, u in stream_of.items() if digest in segment.file)
+            opened[u].append(segment.file)
+            done = len(merged[u])
+            if done < merges[u]:  # a merge lands between the read's lookup and its open
+                policy = dataclasses.replace(HOT0, hot_bytes=ends[u][-1] - ends[u][done + 1])
+                await Archiver(redis, archive, policy).archive_stream(sid_of(u))
+                (now,) = await segments_of(redis, u)
+                merged[u].append((segment.file, now, (Path(archive_dir) / segment.file).exists()))
+            return await real_take(segment, *args)
+
+        monkeypatch.setattr(cold, "take", take)
+
+        async def read(u: str) -> tuple[int, bytes, dict]:
+            async with http.get(u, params={"offset": "-1"}) as r:
+                return r.status, await r.read(), dict(r.headers)
+
+        started = time.monotonic()
+        (ok_status, ok_body, ok_headers), (failed, failed_body, failed_headers) = await asyncio.gather(
+            read(ok_url), read(failing_url)
+        )
+        took = time.monotonic() - started
+
+        assert (ok_status, ok_body) == (200, b"".join(pieces[ok_url])), ok_body[:80]
+        assert ok_headers["Stream-Next-Offset"] == offsets.encode(ends[ok_url][-1])
+        assert ok_headers["Stream-Up-To-Date"] == "true"
+        for u, k in merges.items():  # every attempt but the last found its file merged away
+            assert len(merged[u]) == k
+            for n, (replaced, now, left) in enumerate(merged[u]):
+                assert replaced == opened[u][n] and not left
+                assert (now.start, now.end) == (0, ends[u][n + 1]) and now.file != replaced
+        assert len(opened[ok_url]) == SURVIVED_MERGES + 1
+
+        assert len(opened[failing_url]) == reads.FILE_RETRIES + 1  # then it gave up
+        assert failed == 503 and b"archive file missing" in failed_body, (failed, failed_body)
+        assert failed_headers.get("Retry-After") == "1"
+        async with http.get(failing_url, params={"offset": "-1"}) as r:  # the retry it asked for
+            assert (r.status, await r.read()) == (200, b"".join(pieces[failing_url]))
+        print(f"both reads answered in {took:.2f} s")
     finally:
         await server.close()

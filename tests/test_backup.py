@@ -86,6 +86,27 @@ def test_the_command_line_does_not_import_prometheus_client() -> None:
     assert done.stdout.strip() == "False", done.stderr
 
 
+def test_verify_compares_each_subscription() -> None:
+    """Missing or reconfigured: a difference; delivered since (state, links, pending moved
+    on): only with --exact; a backup from before per-subscription summaries: their number."""
+    from gateway.backup.digest import subscription_summary
+    from gateway.backup.verify import _subscriptions
+
+    config = ["id", "a", "cfg", '{"type":"webhook"}', "gen", "0"]
+    was = {"a": subscription_summary(config, [], []), "b": subscription_summary(["id", "b"], [], [])}
+    delivered = subscription_summary([*config[:4], "gen", "7"], ["chat/1", "e|x|1"], [])
+    reconfigured = subscription_summary(["id", "a", "cfg", '{"type":"pull-wake"}', "gen", "0"], [], [])
+    manifest = {"subscription_states": was, "subscriptions": 2}
+    assert _subscriptions({"a": delivered}, manifest, exact=False) == ["subscription b: missing"]
+    assert _subscriptions({"a": delivered, "b": was["b"], "c": was["b"]}, manifest, exact=True) == [
+        "subscription a: changed (state, links)", "subscription c: not in the backup",
+    ]  # fmt: skip
+    assert _subscriptions({"a": reconfigured, "b": was["b"]}, manifest, exact=False) == [
+        "subscription a: changed (config)"
+    ]
+    assert _subscriptions({}, {"subscriptions": 2}, exact=True) == ["0 subscriptions, the backup has 2"]
+
+
 def _small_backup(folder: Path) -> None:
     writer = bundle.Writer(folder)
     writer.add(b"ds:layout", -1, b"payload-1")
@@ -399,6 +420,222 @@ async def test_a_damaged_backup_writes_nothing(tmp_path: Path, http: aiohttp.Cli
     with own_redis_server(tmp_path / "target") as target:
         done = cli("restore", "--from", str(backup), "--redis-url", target.url)
         assert done.returncode == 1 and "SHA-256" in done.stderr, done.stderr
+        client = aioredis.Redis.from_url(target.url)
+        assert await client.dbsize() == 0
+        await client.aclose()
+
+
+async def test_a_target_that_cannot_take_the_backup_is_refused(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    """A value over the target's proto-max-bulk-len (said at backup time already), or a
+    gateway running on the target (the fleet registry): refused before anything is written."""
+    redis_server_binary()
+    backup = tmp_path / "backup"
+    with own_redis_server(tmp_path / "source") as source:
+        server = await start_gateway(source.url)
+        try:
+            async with http.put(
+                server.make_url("/v1/stream/big"), data=os.urandom(1_500_000), headers=TEXT
+            ) as r:
+                assert r.status == 201
+        finally:
+            await server.close()
+        client = aioredis.Redis.from_url(source.url)
+        await client.config_set("proto-max-bulk-len", 1 << 20)
+        await client.aclose()
+        said = ok(cli("backup", "--to", str(backup), "--redis-url", source.url))
+        assert "over this Redis' proto-max-bulk-len (1048576)" in said, said
+    assert bundle.read_manifest(backup)["largest"]["key"] == keys.stream_keys("big")[1]
+    with own_redis_server(tmp_path / "target") as target:
+        client = aioredis.Redis.from_url(target.url)
+        try:
+            await client.config_set("proto-max-bulk-len", 1 << 20)
+            done = cli("restore", "--from", str(backup), "--redis-url", target.url)
+            assert done.returncode == 1 and "over the target's proto-max-bulk-len" in done.stderr, done.stderr
+            assert await client.dbsize() == 0
+            await client.config_set("proto-max-bulk-len", 512 << 20)
+            gateway = await start_gateway(target.url)
+            try:
+                done = cli("restore", "--from", str(backup), "--redis-url", target.url)
+                assert done.returncode == 1 and "gateway(s)/worker(s) run on the target" in done.stderr, (
+                    done.stderr
+                )
+            finally:
+                await gateway.close()
+            ok(cli("restore", "--from", str(backup), "--redis-url", target.url))  # the gateway left
+            ok(cli("verify", "--from", str(backup), "--redis-url", target.url, "--exact"))
+        finally:
+            await client.aclose()
+
+
+async def test_forks_made_or_deleted_during_a_backup_are_reconciled(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    """What a fork made or deleted while streams are taken one by one leaves (made here by
+    hand, in the source, before the backup): a source counting a fork the backup lacks (a
+    soft-deleted one would never be collected), a fork its source does not count, a fork whose
+    source is gone. The restore makes each source's record match the restored forks."""
+    redis_server_binary()
+    backup = tmp_path / "backup"
+    forked = lambda src: {**TEXT, "Stream-Forked-From": f"/v1/stream/{src}"}  # noqa: E731
+    with own_redis_server(tmp_path / "source") as source:
+        server = await start_gateway(source.url)
+        try:
+            for name, headers in (("s1", TEXT), ("f1", forked("s1")), ("s2", TEXT), ("f2", forked("s2")),
+                                  ("s3", TEXT), ("f3", forked("s3"))):  # fmt: skip
+                async with http.put(server.make_url(f"/v1/stream/{name}"), data=b"abc", headers=headers) as r:
+                    assert r.status == 201, (name, r.status)
+            async with http.delete(server.make_url("/v1/stream/s1")) as r:
+                assert r.status == 204  # soft-deleted: f1 reads from it
+        finally:
+            await server.close()
+        client = aioredis.Redis.from_url(source.url)
+        await client.sadd(keys.stream_keys("s1")[3], "ghost")  # a fork made, then deleted before it was taken
+        await client.srem(keys.stream_keys("s2")[3], "f2")  # f2 taken, then deleted before s2 was
+        await client.delete(*keys.stream_keys("s3")[:4])  # s3 collected after f3 was taken
+        await client.aclose()
+        ok(cli("backup", "--to", str(backup), "--redis-url", source.url))
+    with own_redis_server(tmp_path / "target") as target:
+        said = ok(cli("restore", "--from", str(backup), "--redis-url", target.url))
+        assert "restore: fork 'f3': its source 's3' was deleted while the backup ran" in said, said
+        client = aioredis.Redis.from_url(target.url)
+        try:
+            assert await client.smembers(keys.stream_keys("s1")[3]) == {b"f1"}
+            assert await client.smembers(keys.stream_keys("s2")[3]) == {b"f2"}
+            server = await start_gateway(target.url)
+            try:
+                assert await _read(http, server.make_url("/v1/stream/f1")) == b"abcabc"
+                async with http.delete(server.make_url("/v1/stream/f1")) as r:
+                    assert r.status == 204
+                assert not await client.exists(keys.stream_keys("s1")[0])  # collected with its last fork
+            finally:
+                await server.close()
+        finally:
+            await client.aclose()
+
+
+async def test_rounds_of_large_streams_are_smaller(tmp_path: Path, http: aiohttp.ClientSession) -> None:
+    """A round's script calls run back to back on their Redis: after a round of large streams
+    the next holds fewer of them (about 8 MB serialized), so a write waits for less."""
+    from gateway.archive.files import Archive
+    from gateway.backup import take
+    from gateway.backup.digest import reader
+    from gateway.redis_io.scripts import connect_scripts
+
+    redis_server_binary()
+    with own_redis_server(tmp_path / "source") as source:
+        server = await start_gateway(source.url)
+        try:
+            for n in range(120):  # 60 small ones, then 60 of 1 MB
+                body = os.urandom(1 << 20) if n >= 60 else b"small"
+                async with http.put(server.make_url(f"/v1/stream/s{n:03d}"), data=body, headers=TEXT) as r:
+                    assert r.status == 201
+        finally:
+            await server.close()
+        scripts = connect_scripts(source.url, cluster=False, max_connections=8, timeout=120)
+        redis = aioredis.Redis.from_url(source.url)
+        rounds: list[int] = []
+        run_each = scripts.run_each
+
+        async def counted(name: str, calls: Any) -> list[Any]:
+            rounds.append(len(calls))
+            return await run_each(name, calls)
+
+        scripts.run_each = counted  # type: ignore[method-assign]
+        try:
+            await scripts.load()
+            reads = reader(scripts, Archive(str(tmp_path / "archive")))
+            await take.take_backup(
+                scripts, redis, reads, tmp_path / "backup", str(tmp_path / "archive"), print
+            )
+        finally:
+            await scripts.aclose()
+            await redis.aclose()
+    # 121 calls (120 streams, the layout stamp) in the scan's order, small and large mixed: the
+    # first round 50, then rounds of about 8 MB (a 1 MB stream's call about 1 MB).
+    assert rounds[0] == 50 and sum(rounds) == 121, rounds
+    assert max(rounds[1:]) <= 30 and len(rounds) >= 5, rounds
+
+
+async def test_a_restore_killed_outright_is_cleaned_up_by_the_next(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    """A restore SIGKILLed part way leaves its marker and keys: a run of the same backup removes
+    them and restores; a run of another backup is refused (not its target to empty)."""
+    redis_server_binary()
+    backup, other = tmp_path / "backup", tmp_path / "other"
+    with own_redis_server(tmp_path / "source") as source:
+        server = await start_gateway(source.url)
+        try:
+            async with http.put(server.make_url("/v1/stream/s"), data=b"abc", headers=TEXT) as r:
+                assert r.status == 201
+            ok(cli("backup", "--to", str(backup), "--redis-url", source.url))
+            async with http.post(server.make_url("/v1/stream/s"), data=b"more", headers=TEXT) as r:
+                assert r.status == 204
+            ok(cli("backup", "--to", str(other), "--redis-url", source.url))
+        finally:
+            await server.close()
+    with own_redis_server(tmp_path / "target") as target:
+        client = aioredis.Redis.from_url(target.url)
+        try:
+            # What a restore killed after its first batch leaves: its marker, some keys.
+            await client.set(keys.RESTORING, (backup / bundle.SEAL).read_text().strip())
+            await client.hset(keys.stream_keys("half")[0], "tail", "3")
+            await client.set(keys.LAYOUT, layout.CURRENT)
+            refused = cli("restore", "--from", str(other), "--redis-url", target.url)
+            assert (
+                refused.returncode == 1
+                and "a restore of another backup that did not finish" in refused.stderr
+            )
+            said = ok(cli("restore", "--from", str(backup), "--redis-url", target.url))
+            assert "a restore of this backup did not finish here: removing the 2 keys it wrote" in said, said
+            ok(cli("verify", "--from", str(backup), "--redis-url", target.url, "--exact"))
+            assert not await client.exists(keys.RESTORING, keys.stream_keys("half")[0])
+        finally:
+            await client.aclose()
+
+
+async def test_a_backup_in_object_storage(tmp_path: Path, http: aiohttp.ClientSession, s3_url: str) -> None:
+    """`--to s3://…`: uploaded whole, the seal last; restored and verified from there; an
+    upload cut short (no seal) or a part changed in the bucket is refused, nothing written; a
+    location that holds something already is refused."""
+    import fsspec
+
+    redis_server_binary()
+    where = f"{s3_url}/backup-1"
+    with own_redis_server(tmp_path / "source") as source:
+        server = await start_gateway(source.url)
+        try:
+            for name in ("a", "b/c"):
+                url = server.make_url(f"/v1/stream/{name}")
+                async with http.put(url, data=b"x" * 3000, headers=TEXT) as r:
+                    assert r.status == 201
+        finally:
+            await server.close()
+        said = ok(cli("backup", "--to", where, "--redis-url", source.url))
+        assert "backup: 2 streams (6000 bytes)" in said, said
+        assert f"backup: uploaded to {where} (4 files, the seal last)" in said, said
+        again = cli("backup", "--to", where, "--redis-url", source.url)
+        assert again.returncode == 1 and "is not empty" in again.stderr, again.stderr
+    fs, root = fsspec.core.url_to_fs(where)
+    assert bundle.SEAL in {name.rsplit("/", 1)[-1] for name in fs.ls(root, detail=False)}
+    assert not list(Path(os.environ.get("TMPDIR", "/tmp")).glob("ds-backup-*/backup"))  # staging removed
+    with own_redis_server(tmp_path / "target") as target:
+        ok(cli("restore", "--from", where, "--redis-url", target.url))
+        ok(cli("verify", "--from", where, "--redis-url", target.url, "--exact"))
+    cut, changed = f"{s3_url}/cut", f"{s3_url}/changed"
+    fs.copy(root, fs._strip_protocol(cut), recursive=True)
+    fs.copy(root, fs._strip_protocol(changed), recursive=True)
+    fs.rm_file(f"{fs._strip_protocol(cut)}/{bundle.SEAL}")
+    part = f"{fs._strip_protocol(changed)}/keys-00000.bin"
+    data = bytearray(fs.cat_file(part))
+    data[len(data) // 2] ^= 0xFF
+    fs.pipe_file(part, bytes(data))
+    with own_redis_server(tmp_path / "refused") as target:
+        for bad, why in ((cut, "upload did not finish"), (changed, "SHA-256")):
+            done = cli("restore", "--from", bad, "--redis-url", target.url)
+            assert done.returncode == 1 and why in done.stderr, done.stderr
         client = aioredis.Redis.from_url(target.url)
         assert await client.dbsize() == 0
         await client.aclose()

@@ -370,9 +370,9 @@ async def test_doctor(cli: Cli, redis_url: str, tmp_path: Path) -> None:
     lines = out.decode().splitlines()
     assert code == 0, out.decode() + err
     assert [line.split()[1] for line in lines] == [
-        "version:", "cluster:", "latency:", "persistence:", "eviction:", "layout:", "archive:",
+        "version:", "cluster:", "latency:", "persistence:", "eviction:", "layout:", "fleet:", "archive:",
     ]  # fmt: skip
-    for check in ("cluster", "persistence", "eviction", "layout", "archive"):
+    for check in ("cluster", "persistence", "eviction", "layout", "fleet", "archive"):
         assert any(line.startswith(f"ok    {check}:") for line in lines), lines
     code, out, _ = await cli(
         "doctor", "--redis-url", redis_url, "--redis-cluster", "--archive-url", str(tmp_path)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+import subprocess
 from dataclasses import fields
 from pathlib import Path
 
@@ -543,14 +544,98 @@ def test_helm_test_checks_a_stream_through_the_service() -> None:
 
 
 def test_upgrades_migrate_the_key_layout_first() -> None:
-    """Gateways and workers refuse another key layout than theirs: `helm upgrade` runs
-    `durable-streams migrate` with the new image before any pod changes."""
+    """`helm upgrade` runs `durable-streams migrate` with the new image before any pod changes
+    (offline steps, or a rolling change's expand; never the switch, `migrate --finish`)."""
     job = render((), REDIS).get("Job", "t-durable-streams-migrate")
     assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-upgrade"
     (container,) = job["spec"]["template"]["spec"]["containers"]
     assert container["args"] == ["migrate"]
     assert container["env"][0]["name"] == "DURABLE_STREAMS_REDIS_URL"
     assert not render((), {**REDIS, "migrations.enabled": "false"}).of_kind("Job")
+
+
+def test_backups_run_on_a_schedule(tmp_path: Path) -> None:
+    """backup.enabled: a CronJob runs `durable-streams backup` with the gateways' Redis and
+    archive settings, each run into a new folder of backup.to named by its start time
+    (docs/operations.md, "Backup and restore"); object storage is staged in a bounded /tmp."""
+    assert not render((), S3).of_kind("CronJob")
+    on = {"backup.enabled": "true", "backup.to": "s3://bucket/backups", "archive.s3.existingSecret": "s3"}
+    rendered = render((), {**S3, **on})
+    validate(rendered.docs)
+    cron = rendered.get("CronJob", "t-durable-streams-backup")
+    assert cron["metadata"]["labels"]["app.kubernetes.io/component"] == "backup"
+    assert cron["spec"]["schedule"] == "0 2 * * *" and cron["spec"]["concurrencyPolicy"] == "Forbid"
+    job = cron["spec"]["jobTemplate"]["spec"]
+    assert job["backoffLimit"] <= 1 and job["activeDeadlineSeconds"] == VALUES["backup"]["timeoutSeconds"]
+    pod = _cron_pod(rendered, "backup")
+    assert job["template"]["metadata"]["labels"]["app.kubernetes.io/component"] == "backup"
+    assert pod["automountServiceAccountToken"] is False and pod["restartPolicy"] == "Never"
+    assert pod["securityContext"] == VALUES["podSecurityContext"]
+    (container,) = pod["containers"]
+    assert container["securityContext"] == VALUES["securityContext"]
+    assert container["command"] == ["/bin/sh", "-c"]
+    script, _name, *extra = container["args"]
+    assert script == 'exec durable-streams backup --to "${BACKUP_TO%/}/$(date -u +%Y%m%dT%H%M%SZ)" "$@"'
+    assert not extra
+    env = {e["name"]: e for e in container["env"]}
+    assert env["BACKUP_TO"] == {"name": "BACKUP_TO", "value": "s3://bucket/backups"}
+    (gateway,) = _pod(rendered, "gateway")["containers"]
+    redis_url = env["DURABLE_STREAMS_REDIS_URL"]
+    assert redis_url == next(e for e in gateway["env"] if e["name"] == "DURABLE_STREAMS_REDIS_URL")
+    assert redis_url["valueFrom"]["secretKeyRef"]["name"] == "t-durable-streams-redis-url"
+    assert container["envFrom"] == gateway["envFrom"]
+    sources = [s.get("configMapRef", s.get("secretRef"))["name"] for s in container["envFrom"]]
+    assert sources == ["t-durable-streams-settings", "s3"]
+    assert _settings(rendered)["DURABLE_STREAMS_ARCHIVE_URL"] == "s3://b/p"
+    assert {m["name"]: m["mountPath"] for m in container["volumeMounts"]} == {"tmp": "/tmp"}
+    (tmp,) = pod["volumes"]
+    assert tmp == {"name": "tmp", "emptyDir": {"sizeLimit": "20Gi"}}
+    limited = render((), {**S3, **on, "backup.stagingSizeLimit": "200Gi", "backup.schedule": "30 3 * * 0"})
+    assert _cron_pod(limited, "backup")["volumes"][0]["emptyDir"] == {"sizeLimit": "200Gi"}
+    assert limited.get("CronJob", "t-durable-streams-backup")["spec"]["schedule"] == "30 3 * * 0"
+
+    # the script, as the pod's shell runs it: a new folder named by the start time, the location
+    # never read as shell text, backup.extraArgs after it
+    args = render((), {**S3, **on, "backup.extraArgs[0]": "--log-level", "backup.extraArgs[1]": "debug"})
+    (container,) = _cron_pod(args, "backup")["containers"]
+    assert container["args"][2:] == ["--log-level", "debug"]
+    fake = tmp_path / "durable-streams"
+    fake.write_text('#!/bin/sh\nfor a in "$@"; do printf "%s\\n" "$a"; done\n')
+    fake.chmod(0o755)
+    for to, folder in (
+        ("s3://bucket/backups/", "s3://bucket/backups/"),
+        ("/b/$(touch x) `touch y`", "/b/$(touch x) `touch y`/"),
+    ):
+        shell = {"PATH": f"{tmp_path}:/usr/bin:/bin", "BACKUP_TO": to}
+        command = [*container["command"], *container["args"]]
+        run = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env=shell, check=True)
+        argv = run.stdout.splitlines()
+        assert argv[:2] == ["backup", "--to"] and argv[3:] == ["--log-level", "debug"]
+        assert argv[2].startswith(folder) and re.fullmatch(r"\d{8}T\d{6}Z", argv[2][len(folder) :]), argv
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["durable-streams"]
+
+    # a directory: on a claim of yours, else refused
+    enabled, claim = {**REDIS, "backup.enabled": "true"}, {"backup.volume.existingClaim": "ds-backups"}
+    with pytest.raises(RenderError, match="backup.enabled needs backup.to"):
+        render((), enabled)
+    with pytest.raises(RenderError, match="is a local directory: it needs backup.volume.existingClaim"):
+        render((), {**enabled, "backup.to": "/backups/streams"})
+    with pytest.raises(RenderError, match="must be backup.volume.mountPath"):
+        render((), {**enabled, **claim, "backup.to": "/data/streams"})
+    on_claim = {"backup.enabled": "true", "backup.to": "/backups/streams", **claim}
+    local = render([CHART / "examples" / "laptop.yaml"], on_claim)
+    validate(local.docs)
+    pod = _cron_pod(local, "backup")
+    (container,) = pod["containers"]
+    assert {e["name"]: e.get("value") for e in container["env"]}["BACKUP_TO"] == "/backups/streams"
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert mounts["backups"]["mountPath"] == "/backups" and not mounts["backups"].get("readOnly")
+    assert mounts["archive"] == {"name": "archive", "mountPath": "/archive", "readOnly": True}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["backups"]["persistentVolumeClaim"] == {"claimName": "ds-backups"}
+    assert volumes["archive"]["persistentVolumeClaim"]["readOnly"] is True
+    # the laptop's archive volume is ReadWriteOnce: the backup goes to the node that has it
+    assert pod["affinity"] == _pod(local, "archive")["affinity"]
 
 
 def test_a_redis_cluster_with_replica_acks_reaches_every_command() -> None:
@@ -649,6 +734,8 @@ def test_values_match_the_schema() -> None:
                    {"rateLimits": "write=100/s"}, {"rateLimits": "read:=10/day"},
                    {"redis": {"enabled": True, "maxmemory": "lots"}}, {"logging": {"format": "xml"}},
                    {"spark": {"window": "yesterday"}}, {"tests": {"path": "/abs"}},
+                   {"backup": {"to": "backups"}}, {"backup": {"stagingSizeLimit": "lots"}},
+                   {"backup": {"volume": {"mountPath": "backups"}}}, {"backup": {"enabled": "yes"}},
                    {"archive": {"sharedVolume": {"accessModes": ["ReadWriteSometimes"]}}},
                    {"deliver": {"webhookConcurrency": -1}}, {"deliver": {"webhookConcurrency": 0}},
                    {"deliver": {"webhookConcurrency": 2.5}}, {"deliver": {"replicas": 0}},
@@ -755,10 +842,10 @@ def _settings(rendered: Rendered) -> dict[str, str]:
     return rendered.get("ConfigMap", "t-durable-streams-settings")["data"]
 
 
-def _cron_pod(rendered: Rendered) -> dict:
-    return rendered.get("CronJob", "t-durable-streams-analytics")["spec"]["jobTemplate"]["spec"]["template"][
-        "spec"
-    ]
+def _cron_pod(rendered: Rendered, component: str = "analytics") -> dict:
+    return rendered.get("CronJob", f"t-durable-streams-{component}")["spec"]["jobTemplate"]["spec"][
+        "template"
+    ]["spec"]
 
 
 def _gateway_probe_ports(rendered: Rendered) -> set[object]:

@@ -168,13 +168,21 @@ GATEWAY_ENV = {"DURABLE_STREAMS_SHUTDOWN_DELAY_SECONDS": str(DELAY)}
 
 
 @contextlib.contextmanager
-def gateways_behind_nginx(root: Path, redis_url: str) -> Iterator[tuple[Nginx, list[GatewayProc]]]:
-    """Three gateways behind nginx; the list is theirs and their replacements' (all stopped here)."""
+def gateways_behind_nginx(
+    root: Path, redis_url: str, *, flags: list[str] | None = None, command: list[str] | None = None,
+    cwd: str | None = None, env: dict[str, str] | None = None,
+) -> Iterator[tuple[Nginx, list[GatewayProc]]]:  # fmt: skip
+    """Three gateways behind nginx; the list is theirs and their replacements' (all stopped here).
+    ``flags`` go to each of them; ``command``, ``cwd``, ``env``: another build's (GatewayProc)."""
     logs = root / "logs"
     logs.mkdir()
     # One of them under gunicorn: its master passes SIGTERM on to the workers.
-    flags: list[list[str]] = [[], ["--workers", "2"], []]
-    gateways = [GatewayProc(f"old{i}", redis_url, logs, f, GATEWAY_ENV) for i, f in enumerate(flags)]
+    each: list[list[str]] = [[], ["--workers", "2"], []]
+    their_env = {**GATEWAY_ENV, **(env or {})}
+    gateways = [
+        GatewayProc(f"old{i}", redis_url, logs, [*f, *(flags or [])], their_env, command, cwd)
+        for i, f in enumerate(each)
+    ]
     nginx = Nginx(root / "nginx")
     try:
         for gw in gateways:
@@ -208,13 +216,16 @@ class Rollout:
     seconds: list[float] = field(default_factory=list)  # from each SIGTERM to that gateway's exit
 
 
-async def roll(nginx: Nginx, gateways: list[GatewayProc], redis_url: str) -> Rollout:
+async def roll(
+    nginx: Nginx, gateways: list[GatewayProc], redis_url: str, *, flags: list[str] | None = None
+) -> Rollout:
     """Replace every gateway in turn, as a Deployment with maxSurge does: the new one starts and
-    joins the upstreams; the old one gets SIGTERM and leaves them PROPAGATION later."""
+    joins the upstreams; the old one gets SIGTERM and leaves them PROPAGATION later. The new
+    ones run this venv's gateway, with ``flags``."""
     done = Rollout()
     live = list(gateways)
     for i, old in enumerate(list(gateways)):
-        new = GatewayProc(f"new{i}", redis_url, old.log_path.parent, [], GATEWAY_ENV)
+        new = GatewayProc(f"new{i}", redis_url, old.log_path.parent, list(flags or []), GATEWAY_ENV)
         gateways.append(new)
         await asyncio.to_thread(new.start_ready)
         live.append(new)

@@ -69,6 +69,7 @@ from gateway.protocol import offsets
 from gateway.protocol.models import text
 from gateway.redis_io import keys
 from gateway.redis_io.connections import Client, general
+from gateway.redis_io.fleet import Membership
 from gateway.redis_io.preflight import Preflight, reason
 from gateway.redis_io.scripts import Scripts, connect_scripts, replica_ack
 from gateway.telemetry import metrics
@@ -415,10 +416,13 @@ async def run_worker(settings: Settings, redis_url: str, stop: asyncio.Event) ->
         heartbeat=heartbeat,
     )
     try:
-        if not await Preflight(client, prepare=archiver.scripts.load).wait(stop, heartbeat.beat):
+        member = Membership(client, "archive")
+        preflight = Preflight(client, prepare=archiver.scripts.load, member=member)
+        if not await preflight.wait(stop, heartbeat.beat):
             return  # stopped while waiting
         log.info("archiving to %s as %s", settings.archive_location, archiver.name)
-        await archiver.run(stop)
+        async with member.kept(stop):
+            await archiver.run(stop)
     finally:
         await scripts.aclose()
         await client.aclose()

@@ -41,6 +41,7 @@ from gateway.features.subscriptions import Subscriptions
 from gateway.protocol.models import text
 from gateway.protocol.webhooks import SigningKey
 from gateway.redis_io import keys
+from gateway.redis_io.fleet import Membership
 from gateway.redis_io.outcomes import UNAVAILABLE
 from gateway.redis_io.preflight import Preflight
 from gateway.redis_io.scripts import Scripts, connect_scripts, replica_ack
@@ -232,7 +233,8 @@ async def run_worker(settings: Settings, redis_url: str, stop: asyncio.Event) ->
     store = Store(scripts, cold, settings.max_chunk_bytes, settings.notice_payload_bytes, archive_hints=False)
     delivery = Delivery(settings, scripts, store, heartbeat, redis_url)
     try:
-        if not await Preflight(scripts.redis, prepare=scripts.load).wait(stop, heartbeat.beat):
+        member = Membership(scripts.redis, "deliver")
+        if not await Preflight(scripts.redis, prepare=scripts.load, member=member).wait(stop, heartbeat.beat):
             return
         if settings.webhook_signing_key_file:
             with open(settings.webhook_signing_key_file, "rb") as f:
@@ -240,6 +242,7 @@ async def run_worker(settings: Settings, redis_url: str, stop: asyncio.Event) ->
             if await delivery.subs.signing.add(key, now_ms()):
                 log.info("webhook signing key %s added from %s", key.kid, settings.webhook_signing_key_file)
         log.info("delivering subscription wakes as %s", delivery.name)
-        await delivery.run(stop)
+        async with member.kept(stop):
+            await delivery.run(stop)
     finally:
         await scripts.aclose()

@@ -54,6 +54,7 @@ class Writer:
         self.folder = folder
         self.parts: dict[str, dict[str, Any]] = {}
         self.records = 0
+        self.largest: tuple[bytes, int] = (b"", 0)  # the largest value: a target must accept its size
         self._file: BinaryIO | None = None
         self._name = ""
         self._digest = hashlib.sha256()
@@ -71,6 +72,8 @@ class Writer:
         self._digest.update(frame)
         self._size += len(frame)
         self.records += 1
+        if len(payload) > self.largest[1]:
+            self.largest = (key, len(payload))
 
     def _close_part(self) -> None:
         if self._file is None:
@@ -87,7 +90,9 @@ class Writer:
         data = orjson.dumps(listed)
         (self.folder / LISTED).write_bytes(data)
         self.parts[LISTED] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-        manifest = {"format": FORMAT, **manifest, "records": self.records, "files": self.parts}
+        largest = {"key": self.largest[0].decode("utf-8", "replace"), "bytes": self.largest[1]}
+        manifest = {"format": FORMAT, **manifest, "records": self.records, "largest": largest}
+        manifest["files"] = self.parts
         body = orjson.dumps(manifest, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
         (self.folder / MANIFEST).write_bytes(body)
         _fsync_all(self.folder)

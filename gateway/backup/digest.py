@@ -49,6 +49,28 @@ def summary(
     }
 
 
+# A subscription's configuration (sub_create.lua): never changes while it exists. The rest of
+# its state hash, its links and its pending set move with every delivery.
+SUBSCRIPTION_CONFIG = ("id", "cfg", "hash", "created_at", "type", "ttl", "base", "backfill", "created_ms")
+
+
+def subscription_summary(state: Any, links: Any, pending: Any) -> dict[str, str]:
+    """What a restore must give back of one subscription (its three hashes' fields)."""
+    flat = [item for pair in state.items() for item in pair] if isinstance(state, dict) else list(state)
+    config = [
+        item
+        for i in range(0, len(flat), 2)
+        if text(flat[i]) in SUBSCRIPTION_CONFIG
+        for item in (flat[i], flat[i + 1])
+    ]
+    return {
+        "config": fields_digest(config),
+        "state": fields_digest(flat),
+        "links": fields_digest(links),
+        "pending": fields_digest(pending),
+    }
+
+
 def reader(scripts: Scripts, archive: Archive) -> Reads:
     """Reads as a gateway's, for digests: pages of 1 MiB, no answer size cap."""
     return Reads(scripts, ColdReader(archive, 64 << 20), 1 << 40, 64 * 1024)

@@ -52,6 +52,8 @@ _SKIPPED_NAMES = {
     keys.ARCHIVE_RECONCILE,
     keys.SUBS_WORKER_ALIVE,
     keys.LAYOUT_LOCK,
+    keys.FLEET,  # the source's processes, not the data's: the target's own join it
+    keys.RESTORING,
     keys.INDEX_SWEEP,
     keys.INDEX_SWEEP_AT,
 }
@@ -112,6 +114,12 @@ def subscription_of(key: str) -> str | None:
     """The subscription id (as in key names) a subscription's key belongs to, else None."""
     match = _SUB_KEY.fullmatch(key)
     return match["sub"] if match is not None and match["tag"] in _GROUP_TAGS else None
+
+
+def subscription_part(key: str) -> str | None:
+    """'s' (state), 'l' (links) or 'p' (pending) for a subscription's key, else None."""
+    match = _SUB_KEY.fullmatch(key)
+    return match["part"] if match is not None and match["tag"] in _GROUP_TAGS else None
 
 
 def is_subscription_state(key: str) -> bool:

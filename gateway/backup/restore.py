@@ -18,16 +18,41 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..redis_io import keys
+from ..protocol.models import text
+from ..redis_io import fleet, keys
 from ..redis_io.connections import Client, scan_pages, version
+from ..streams.forks import Forks
 from . import Say, bundle, plan
-from .take import redis_version
+from .take import bulk_limit, redis_version
 
 _BATCH = 500  # commands pipelined together
 
 
 class NotEmpty(bundle.BackupError):
     pass
+
+
+async def _unfinished(redis: Client, seal: str, say: Say) -> None:
+    """A restore of this backup killed outright (SIGKILL, OOM) left its marker and what it
+    wrote on a target that was empty (it checked): remove that, so this run starts clean. A
+    marker of another backup: refuse (that target is not ours to empty)."""
+    marker = await redis.get(keys.RESTORING)
+    if marker is None:
+        return
+    if text(marker) != seal:
+        raise NotEmpty(
+            "the target holds a restore of another backup that did not finish "
+            f"({keys.RESTORING}: {text(marker)[:12]}...): empty the target first"
+        )
+    leftover = [
+        raw if isinstance(raw, bytes) else raw.encode("utf-8", "surrogatepass")
+        async for page in scan_pages(redis, "*", count=1000)
+        for raw in page
+        if plan.holds_data(plan.key_text(raw)) or plan.key_text(raw) == keys.LAYOUT
+    ]
+    say(f"restore: a restore of this backup did not finish here: removing the {len(leftover)} keys it wrote")
+    await _remove(redis, leftover)
+    await redis.delete(keys.RESTORING)
 
 
 async def _check_target(redis: Client, manifest: dict[str, Any]) -> bool:
@@ -52,6 +77,18 @@ async def _check_target(redis: Client, manifest: dict[str, Any]) -> bool:
             f"the target Redis is stamped key layout v{int(stamp)}, the backup is v{source['layout']}: "
             "restore into an empty Redis, then run `durable-streams migrate`"
         )
+    running = await fleet.members(redis)
+    if running:
+        raise NotEmpty(
+            f"{len(running)} gateway(s)/worker(s) run on the target ({running[0].describe()}, ...; "
+            "`durable-streams fleet` lists them): stop them while it is restored"
+        )
+    largest, limit = manifest.get("largest", {}), await bulk_limit(redis)
+    if limit is not None and largest.get("bytes", 0) > limit:
+        raise NotEmpty(
+            f"the backup holds a value of {largest['bytes']} bytes ({largest['key']!r}), over the target's "
+            f"proto-max-bulk-len ({limit}): raise it on the target (CONFIG SET proto-max-bulk-len) first"
+        )
     mine = await redis_version(redis) or "0"
     if source.get("redis_version") and version(mine) < version(source["redis_version"]):
         raise NotEmpty(f"the target runs Redis {mine}, the backup was taken from {source['redis_version']}: "
@@ -59,12 +96,18 @@ async def _check_target(redis: Client, manifest: dict[str, Any]) -> bool:
     return stamp is not None
 
 
-async def restore_backup(redis: Client, cluster: bool, folder: Path, say: Say) -> dict[str, Any]:
-    """Restore the backup in ``folder`` into the empty deployment behind ``redis``."""
+async def restore_backup(
+    redis: Client, forks: Forks, cluster: bool, folder: Path, say: Say
+) -> dict[str, Any]:
+    """Restore the backup in ``folder`` into the empty deployment behind ``redis``
+    (``forks``: the fork records' rules, on the same deployment's scripts)."""
     started = time.monotonic()
     manifest = bundle.read_manifest(folder)
     bundle.check_files(folder, manifest)
+    seal = (folder / bundle.SEAL).read_text().strip()
+    await _unfinished(redis, seal, say)
     stamped = await _check_target(redis, manifest)
+    await redis.set(keys.RESTORING, seal)
     written: list[bytes] = []
     now_ms = int(time.time() * 1000)
     expired = 0
@@ -86,11 +129,14 @@ async def restore_backup(redis: Client, cluster: bool, folder: Path, say: Say) -
                 batch = []
         await _restore(redis, batch, written)
         members = await _add_listed(redis, cluster, bundle.listed(folder), written)
+        await reconcile_forks(redis, forks, written, say)
         listed, woken = await _mend(redis, cluster, manifest, written, now_ms)
     except BaseException:  # (Ctrl-C and SIGTERM too: asyncio cancels)
         say(f"restore: stopped after {len(written)} keys: removing them")
         await _remove(redis, written)
+        await redis.delete(keys.RESTORING)
         raise
+    await redis.delete(keys.RESTORING)
     streams = len(manifest["streams"])
     say(
         f"restore: {len(written)} keys ({streams} streams, {expired} keys expired since the backup), "
@@ -124,6 +170,34 @@ async def _add_listed(
     ]
     await _zadd(redis, adds, written)
     return len(adds)
+
+
+async def reconcile_forks(redis: Client, forks: Forks, written: list[bytes], say: Say) -> None:
+    """Streams are taken one at a time: a fork made or deleted while the backup ran can leave a
+    source counting a fork the backup lacks (it would never be collected) or a pinning fork
+    its source does not count (the source could be collected under it). Each source's record
+    is made to match the forks restored, as the gateway's own rules do (``Forks``)."""
+    names = [plan.key_text(key) for key in written]
+    restored = {keys.key_stream_id(name) for name in names if plan.is_stream_meta(name)}
+    for sid in sorted(restored):
+        record = keys.stream_keys(sid)[3]
+        if record not in names:
+            continue
+        uid = text(await redis.hget(keys.stream_keys(sid)[0], "uid") or b"")
+        for member in sorted(text(m) for m in await redis.smembers(record)):
+            await forks.release_unless_forked(member, sid, uid)  # (may collect a soft-deleted source)
+    for sid in sorted(restored):
+        src, src_uid, weak = await redis.hmget(keys.stream_keys(sid)[0], "src", "src_uid", "weak")
+        if src is None or weak is not None:
+            continue
+        source = text(src)
+        there = await redis.exists(keys.stream_keys(source)[0])
+        present = await redis.hget(keys.stream_keys(source)[0], "uid")
+        if not there or (src_uid is not None and present != src_uid):
+            say(f"restore: fork {sid!r}: its source {source!r} was deleted while the backup ran (and it "
+                "after it was taken): what it inherits answers 410: delete it")  # fmt: skip
+        elif not await redis.sismember(keys.stream_keys(source)[3], sid):
+            await redis.sadd(keys.stream_keys(source)[3], sid)
 
 
 async def _mend(

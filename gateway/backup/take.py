@@ -5,14 +5,16 @@ tag) is taken by one script (lua/backup_keys.lua), and so is every subscription'
 each is exactly as it was at one moment after the backup began: every append acknowledged
 before ``taken_ms`` is in it; later ones may be. What links two of them (a fork and its source,
 a subscription and a stream, the outboxes and schedules) is not taken at one moment: a restore
-wakes every subscription and subscribed stream once to make up for that (restore.py). The
+wakes every subscription and subscribed stream once, and makes every source's record of its
+forks match the forks restored, to make up for that (restore.py). The
 deployment's shape-dependent sorted sets (index, outboxes, schedules, hints) are read as they
 are after the dumps (plan.py).
 
 The blip: a script holds its Redis (one primary of a Cluster) while it serializes its keys,
-and the calls of a round (``_CALLS_PER_ROUND``) run back to back: a write to that primary waits
-for them, about the time DUMP takes for what those streams hold in Redis (the archive bounds
-it); docs/operations.md, Backups, measures it.
+and the calls of a round run back to back: a write to that primary waits for them, about the
+time DUMP takes for what those streams hold in Redis (the archive bounds it). A round is up to
+``_CALLS_PER_ROUND`` calls, fewer after one whose streams were large (about
+``_BYTES_PER_ROUND`` serialized a round); docs/operations.md, Backups, measures it.
 
 Then each stream's bytes up to its tail at the cut are read as a catch-up read would and
 digested (digest.py), for ``verify``.
@@ -35,6 +37,9 @@ from ..streams.reads import Reads
 from . import Say, bundle, digest, plan
 
 _CALLS_PER_ROUND = 50  # script calls pipelined together (each one stream's or subscription's keys)
+# ...and about this many bytes serialized per round: a round's calls run back to back on their
+# Redis, so rounds of large streams are made smaller (the blip: docs/operations.md, Backups).
+_BYTES_PER_ROUND = 8 << 20
 
 Group = tuple[str, str | None]  # (hash tag, or a key's whole name; subscription id, or None)
 
@@ -80,6 +85,7 @@ def _reads(names: list[str]) -> str:
     out = []
     for name in names:
         stream_hash = plan.is_stream_meta(name) or name.endswith(("}:prod", "}:subs"))
+        stream_hash = stream_hash or plan.subscription_part(name) is not None
         out.append("z" if plan.is_segment_set(name) else "h" if stream_hash else "-")
     return "".join(out)
 
@@ -92,16 +98,29 @@ class _Taking:
         self.metas: dict[str, Meta] = {}  # as dumped: the digests read from them
         self.files: set[str] = set()  # archive files the dumped segment sets name, committed
         self.subscriptions = 0
+        self.calls = _CALLS_PER_ROUND  # script calls in the next round (fewer for large streams)
+        self.subscription_states: dict[str, dict[str, str]] = {}  # by id: digest.subscription_summary
 
     async def dump(self, groups: list[list[bytes]]) -> None:
-        for first in range(0, len(groups), _CALLS_PER_ROUND):
-            round_ = groups[first : first + _CALLS_PER_ROUND]
+        first = 0
+        while first < len(groups):
+            round_ = groups[first : first + self.calls]
+            first += len(round_)
             calls: list[tuple[list[str], list[Any]]] = []
             for group in round_:
                 # (keys as text: the scripts' routing hashes text; Redis gets it as UTF-8 again)
                 names = [plan.key_text(k) for k in group]
                 calls.append((names, [*BackupKeysArgv(_reads(names))]))
             replies = await self.scripts.run_each(BACKUP_KEYS.name, calls)
+            dumped = sum(
+                len(reply[i] or b"")
+                for reply in replies
+                if isinstance(reply, list)
+                for i in range(0, len(reply), 3)
+            )
+            # The next round's size: about _BYTES_PER_ROUND serialized, as this one's streams were.
+            per_call = max(1, dumped // max(1, len(round_)))
+            self.calls = max(1, min(_CALLS_PER_ROUND, _BYTES_PER_ROUND // per_call))
             again: list[list[bytes]] = []
             for group, reply in zip(round_, replies, strict=True):
                 if isinstance(reply, BaseException):
@@ -142,6 +161,11 @@ class _Taking:
                         self.files.add(Segment.parse(flat[i]).file)
             elif plan.is_subscription_state(name) and item.payload is not None:
                 self.subscriptions += 1
+                parts = {plan.subscription_part(n): by_name[n].fields for n in by_name}
+                state = _fields(item.fields)
+                self.subscription_states[state.get("id", name)] = digest.subscription_summary(
+                    item.fields, parts.get("l", []), parts.get("p", [])
+                )
         for key, item in zip(group, dumped, strict=True):
             if item.payload is not None:
                 self.writer.add(key, int(item.expiry), item.payload)
@@ -158,6 +182,23 @@ async def _listed(redis: Client, found: dict[bytes, plan.Listed]) -> dict[str, l
         async for member, score in redis.zscan_iter(key, count=1000):
             out[family.value].append([plan.key_text(member), score])
     return out
+
+
+async def bulk_limit(redis: Client) -> int | None:
+    """The largest value a RESTORE may carry (``proto-max-bulk-len``; the smallest of a Cluster's
+    primaries); None where CONFIG is not allowed (managed services)."""
+    limits = []
+    for target in await every_node(redis):
+        try:
+            found: Any = await redis.config_get("proto-max-bulk-len", **target)
+        except Exception:  # noqa: BLE001 (refused by an ACL or a managed service: not known)
+            return None
+        if "proto-max-bulk-len" not in found and found:  # (RedisCluster: {node: reply})
+            (found,) = found.values()
+        if found.get("proto-max-bulk-len") is None:
+            return None
+        limits.append(int(found["proto-max-bulk-len"]))
+    return min(limits) if limits else None
 
 
 async def redis_version(redis: Client, **target: Any) -> str | None:
@@ -212,12 +253,20 @@ async def take_backup(
             "archive": {"location": archive_location, "files": sorted(taking.files)},
             "streams": taking.streams,
             "subscriptions": taking.subscriptions,
+            "subscription_states": taking.subscription_states,
             "stream_bytes": total,
             "changed_while_taken": changed,
             "dump_seconds": round(dumped_s, 3),
         },
         listed,
     )
+    limit = await bulk_limit(redis)
+    if limit is not None and manifest["largest"]["bytes"] > limit:
+        say(
+            f"backup: WARNING: {manifest['largest']['key']!r} serializes to {manifest['largest']['bytes']} "
+            f"bytes, over this Redis' proto-max-bulk-len ({limit}): a target restores it only with a "
+            "larger proto-max-bulk-len (archive workers keep streams' Redis parts far smaller)"
+        )
     say(
         f"backup: {len(taking.streams)} streams ({total} bytes), {taking.subscriptions} subscriptions, "
         f"{manifest['records']} keys, {len(taking.files)} archive files named, "

@@ -7,8 +7,9 @@ closed state, producers and subscription links the same; a soft-deleted one stil
 (or gone: its forks let it go). What a live deployment does on its own since the backup is not a
 difference but with ``exact`` (comparing a restore with its backup): a stream that grew (its
 producers, closed state and links moving on with it), retention raising a floor, a stream whose
-TTL passed, a stream the backup does not hold. The number of subscriptions is compared too, and
-the archive files the backup names must exist.
+TTL passed, a stream the backup does not hold. Every subscription the backup holds must be
+there with the same configuration (its state, links and pending deliveries move with every
+delivery: compared with ``exact``), and the archive files the backup names must exist.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 
 from ..archive.files import Archive
 from ..protocol.errors import ProtocolError
+from ..protocol.models import text
 from ..redis_io import keys
 from ..redis_io.connections import Client, scan_pages
 from ..streams.reads import Reads
@@ -56,8 +58,7 @@ async def verify_backup(
         problems += [
             f"{keys.path_of(sid)}: not in the backup" for sid in sorted(streams - set(manifest["streams"]))
         ]
-        if subscriptions != manifest.get("subscriptions", subscriptions):
-            problems.append(f"{subscriptions} subscriptions, the backup has {manifest['subscriptions']}")
+    problems += _subscriptions(subscriptions, manifest, exact)
     present = set(archive.files())
     problems += [f"archive file missing: {f}" for f in manifest["archive"]["files"] if f not in present]
     for line in problems:
@@ -68,6 +69,29 @@ async def verify_backup(
         f"verify: {len(manifest['streams'])} streams, {len(problems)} difference(s)"
         + "".join(f", {s}" for s in said)
     )
+    return problems
+
+
+def _subscriptions(now: dict[str, dict[str, str]], manifest: dict[str, Any], exact: bool) -> list[str]:
+    """Each subscription the backup holds: there, configured the same (and, with ``exact``, in
+    the same state); with ``exact``, none it lacks. A backup from before per-subscription
+    summaries: their number, with ``exact``."""
+    was: dict[str, dict[str, str]] | None = manifest.get("subscription_states")
+    if was is None:
+        count = manifest.get("subscriptions", len(now))
+        return [f"{len(now)} subscriptions, the backup has {count}"] if exact and count != len(now) else []
+    problems = []
+    for sub, then in sorted(was.items()):
+        found = now.get(sub)
+        if found is None:
+            problems.append(f"subscription {sub}: missing")
+            continue
+        parts = ("config", "state", "links", "pending") if exact else ("config",)
+        differs = [part for part in parts if found[part] != then[part]]
+        if differs:
+            problems.append(f"subscription {sub}: changed ({', '.join(differs)})")
+    if exact:
+        problems += [f"subscription {sub}: not in the backup" for sub in sorted(set(now) - set(was))]
     return problems
 
 
@@ -111,15 +135,24 @@ async def _compare(redis: Client, reads: Reads, sid: str, was: dict[str, Any], e
     return GREW if grown else MOVED_ON if trimmed else ""
 
 
-async def _ours(redis: Client) -> tuple[set[str], int]:
-    """The streams (ids) and the number of subscriptions the deployment holds now."""
+async def _ours(redis: Client) -> tuple[set[str], dict[str, dict[str, str]]]:
+    """The streams (ids) and the subscriptions (by id: digest.subscription_summary) the
+    deployment holds now."""
     streams: set[str] = set()
-    subscriptions = 0
+    states: list[str] = []
     async for page in scan_pages(redis, f"{keys.PREFIX}:{{*", count=1000):
         for raw in page:
             name = plan.key_text(raw)
             if plan.is_stream_meta(name):
                 streams.add(keys.key_stream_id(name))
             elif plan.is_subscription_state(name):
-                subscriptions += 1
+                states.append(name)
+    subscriptions: dict[str, dict[str, str]] = {}
+    for name in states:  # (its links and pending set: the same name but the part letter)
+        head, _, sub = name.partition("}:s:")
+        state = await redis.hgetall(name)
+        links = await redis.hgetall(f"{head}}}:l:{sub}")
+        pending = await redis.hgetall(f"{head}}}:p:{sub}")
+        found = state.get(b"id", state.get("id", sub))
+        subscriptions[text(found)] = digest.subscription_summary(state, links, pending)
     return streams, subscriptions

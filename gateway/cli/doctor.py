@@ -27,7 +27,7 @@ from redis.exceptions import ResponseError
 
 from .. import config
 from ..redis_io import connections as redis_client
-from ..redis_io import durability, keys, layout
+from ..redis_io import durability, fleet, keys, layout
 from ..redis_io.preflight import reason
 from .embedded import redis_url_or_running
 
@@ -119,7 +119,7 @@ def _redacted(url: str) -> str:
 
 async def _data_findings(redis: redis_client.Client) -> list[Finding]:
     findings = []
-    for check in (persistence_findings, eviction_findings, layout_finding):
+    for check in (persistence_findings, eviction_findings, layout_finding, fleet_finding):
         try:
             found = await check(redis)
         except Exception as exc:  # one check's failure is its line, the others still run
@@ -209,10 +209,25 @@ async def layout_finding(redis: redis_client.Client) -> Finding:
     text = _text(raw)
     if not text.isdigit() or int(text) < 1:
         return Finding("fail", "layout", f"{keys.LAYOUT} holds {text!r}, not a key layout version")
-    problem = layout.verdict(int(text))
+    problem = layout.verdict(int(text), oldest=await layout.oldest_held(redis, int(text)))
     if problem:
         return Finding("fail", "layout", problem)
     return Finding("ok", "layout", f"v{text}, this build's")
+
+
+async def fleet_finding(redis: redis_client.Client) -> Finding:
+    """Who runs (the fleet registry), and whether a rolling layout change waits for --finish."""
+    members = await fleet.members(redis)
+    raw = await redis.get(keys.LAYOUT)
+    written = int(_text(raw)) if raw is not None and _text(raw).isdigit() else None
+    builds = sorted({f"{m.build} (reads v{m.reads[0]}-v{m.reads[1]})" for m in members})
+    who = f"{len(members)} live process(es)" + (f": {', '.join(builds)}" if builds else "")
+    finish = "`durable-streams migrate --finish`"
+    if written is not None and await layout.oldest_held(redis, written) < written:
+        return Finding("warn", "fleet", f"{who}; a layout change is half done: run {finish}")
+    if written is not None and members and all(m.reads[1] > written for m in members):
+        return Finding("warn", "fleet", f"{who}; all read v{written + 1}: {finish} switches to it")
+    return Finding("ok", "fleet", who)
 
 
 def archive_finding(location: str) -> Finding:

@@ -23,6 +23,7 @@ from ..features.ratelimit import RateLimiter
 from ..live.fanout import Fanout
 from ..protocol.ssrf import parse_allow_list
 from ..redis_io import connections as redis_client
+from ..redis_io.fleet import Membership
 from ..redis_io.preflight import Preflight
 from ..redis_io.scripts import connect_scripts, replica_ack
 from ..streams.store import Store
@@ -35,6 +36,8 @@ log = logging.getLogger(__name__)
 CLEANUP_STEP_SECONDS = 5.0  # each shutdown step; none may hold a shutdown past its grace period
 PAUSE_TASK = web.AppKey("pause_task", asyncio.Task)  # write backpressure's polls (features/backpressure.py)
 PREFLIGHT_TASK = web.AppKey("preflight_task", asyncio.Task)
+MEMBER = web.AppKey("member", Membership)
+MEMBER_TASK = web.AppKey("member_task", asyncio.Task)
 
 
 def install(
@@ -74,12 +77,14 @@ def install(
             archive_hints=settings.archive_hints,
             stream_registry=settings.stream_registry,
         )
+        app[MEMBER] = member = Membership(scripts.redis, "gateway")
         preflight = Preflight(
             scripts.redis,
             persistence=True,
             require_durable=settings.require_durable,
             prepare=scripts.load,
             durable=lambda durable: metrics.DURABLE.set(1 if durable else 0),
+            member=member,
         )
         metrics.LIVE_CAPACITY.set(settings.max_live_connections)
         await fanout.start()
@@ -111,6 +116,7 @@ def install(
                 preflight.problem,
             )
             app[PREFLIGHT_TASK] = asyncio.create_task(keep_trying(preflight, on_refusal))
+        app[MEMBER_TASK] = asyncio.create_task(member.keep(on_refusal))
         if drain_on_sigterm:
             drain(app, settings.shutdown_delay_seconds)
             # What the process holds now (modules, the app, its clients) lives as long as it
@@ -127,13 +133,14 @@ def install(
         gw = app.get(GATEWAY)
         if gw is None:  # the start failed before anything was built
             return
-        trying = app.get(PREFLIGHT_TASK)
-        if trying is not None:
-            trying.cancel()
+        for task in (app.get(PREFLIGHT_TASK), app.get(MEMBER_TASK)):
+            if task is not None:
+                task.cancel()
         if gw.guard.pause is not None:
             gw.guard.pause.stop()
         metrics.flush_requests()  # the last second's requests, into the metrics' files (multiprocess)
         for name, step in (
+            ("fleet registry", app[MEMBER].leave()),
             ("access control", gw.guard.close()),
             ("write backpressure", app[PAUSE_TASK]),
             ("fan-out", gw.fanout.close()),

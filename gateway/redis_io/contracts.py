@@ -421,6 +421,43 @@ class IndexSetArgv(NamedTuple):
     pattern: str  # '' to remove
 
 
+# -- the fleet registry and rolling layout changes (fleet.py) ---------------------------
+
+
+class FleetJoinArgv(NamedTuple):
+    member: str
+    record: str  # JSON
+    reads_from: int
+    reads_to: int
+    writes: int
+    lease_ms: int
+
+
+class FleetJoined(NamedTuple):  # 'ok' | 'refused'
+    status: bytes
+    layout: int
+    oldest: int
+
+
+class LayoutSwitchArgv(NamedTuple):
+    expected: int
+    to: int
+
+
+class LayoutMoved(NamedTuple):  # 'moved'
+    status: bytes
+    layout: int
+
+
+class LayoutBehind(NamedTuple):  # 'behind'
+    status: bytes
+    records: tuple[bytes, ...]
+
+    @classmethod
+    def of(cls, reply: Sequence[Any]) -> LayoutBehind:
+        return cls(reply[0], tuple(reply[1:]))
+
+
 # -- subscriptions: a subscription's side (replies as text: Subscriptions.call) -------
 
 
@@ -598,6 +635,11 @@ INDEX_ADD = Script("index_add")
 BACKUP_KEYS = Script("backup_keys", BackupKeysArgv, reply=KeyDumped, repeats=True, writes=False)
 # Migrate's step to layout v3 (layout.py): offsets kept by subscriptions, rewritten.
 HASH_SWAP = Script("hash_swap", tail="swaps", groups={"swaps": Group(HashSwap)})
+# The fleet registry (fleet.py): a member's lease; `migrate --finish`'s switch.
+FLEET_JOIN = Script("fleet_join", FleetJoinArgv, replies={"ok": FleetJoined, "refused": FleetJoined})
+LAYOUT_SWITCH = Script(
+    "layout_switch", LayoutSwitchArgv, replies={"moved": LayoutMoved, "behind": LayoutBehind}
+)
 # Ursula's snapshots (features/snapshots.py): the stream's record of its latest one.
 SNAPSHOT_SET = Script("snapshot_set", SnapshotSetArgv, replies={"ok": SnapshotSet})
 # The archive worker's (KEYS: the stream's five, its lease and (not archive_lease) its

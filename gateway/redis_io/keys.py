@@ -104,6 +104,16 @@ LAYOUT = f"{PREFIX}:layout"
 # Held (with an expiry) while `migrate` runs its steps. Its hash tag is LAYOUT's whole
 # name, so the two share a Redis Cluster slot: migrate WATCHes both in one transaction.
 LAYOUT_LOCK = f"{{{LAYOUT}}}:lock"
+# The oldest layout whose data may still be in Redis while a rolling change is under way
+# (`migrate` switched LAYOUT, `migrate --finish` has not rewritten the rest); absent: LAYOUT.
+LAYOUT_OLDEST = f"{{{LAYOUT}}}:oldest"
+# Set by `durable-streams restore` while it writes (the backup's seal): a restore killed
+# outright leaves it, and a run of the same backup removes what that one wrote first.
+RESTORING = f"{{{LAYOUT}}}:restoring"
+# The fleet registry (redis_io/fleet.py): member id -> its record (JSON: role, build, the
+# layouts it reads, the one it writes, its lease's end). In LAYOUT's slot: a member joins, and
+# `migrate --finish` switches the layout, each with one script reading both.
+FLEET = f"{{{LAYOUT}}}:fleet"
 
 
 def _in_part(name: str, part: int, parts: int) -> str:

@@ -19,6 +19,12 @@ lock (one migration at a time) and raises the version after each, so an
 interrupted migration resumes at the step it was in: each step must be safe
 to run again.
 
+Those steps are *offline*: every process of the older build must be stopped first. From
+layout v3 on, a change *rolls* instead (expand -> migrate -> contract, ``migration.py``): a
+build reads the layouts from ``OLDEST_READ`` to ``CURRENT`` and writes the one Redis holds,
+``keys.LAYOUT_OLDEST`` says which older layout may still be in the data, and the fleet
+registry (``fleet.py``) tells ``migrate --finish`` when every live process reads the next one.
+
 v1 -> v2: the stream index (``keys.STREAM_INDEX``, read by the listing) lists the
 streams made before create.lua kept it.
 v2 -> v3: JSON messages are stored in grouped entries and offsets minted in format 1
@@ -30,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
 from redis.asyncio import RedisCluster
 from redis.exceptions import WatchError
@@ -43,6 +49,9 @@ from .contracts import HASH_SWAP, INDEX_ADD, HashSwap
 from .lua import source
 
 CURRENT = 3  # the newest layout this build reads and writes
+# The oldest layout this build reads (and writes, while Redis holds it): a rolling change to
+# CURRENT leaves it one below, so this build runs beside the one before until the switch.
+OLDEST_READ = 3
 PRE_VERSIONING = 1  # the layout of data written before the marker existed
 LOCK_SECONDS = 60.0  # the migration lock's expiry, renewed every third of it while steps run
 
@@ -148,7 +157,7 @@ async def _has_our_keys(redis: Client) -> bool:
                 (cursor,) = cursor.values()
             for key in found:
                 name = key.decode() if isinstance(key, bytes) else key
-                if name not in (keys.LAYOUT, keys.LAYOUT_LOCK):
+                if name not in (keys.LAYOUT, keys.LAYOUT_LOCK, keys.LAYOUT_OLDEST, keys.FLEET):
                     return True
             pages += 1
             if not cursor:
@@ -172,14 +181,25 @@ async def stamp(redis: Client, current: int = CURRENT) -> int:
     return _version(raw)
 
 
-def verdict(found: int, current: int = CURRENT) -> str | None:
-    """None when a build that knows layouts up to ``current`` may use layout ``found``."""
+def verdict(
+    found: int, current: int = CURRENT, *, oldest: int | None = None, oldest_read: int = OLDEST_READ
+) -> str | None:
+    """None when a build that reads layouts ``oldest_read``..``current`` may use a Redis
+    whose data is written in layout ``found`` (and may still hold ``oldest``: a rolling
+    change not finished)."""
+    oldest_read = min(oldest_read, current)
+    oldest = found if oldest is None else min(oldest, found)
     if found > current:
         return (
             f"Redis holds key layout v{found}; this build understands up to v{current}: "
             "upgrade the gateways/workers"
         )
-    if found < current:
+    if oldest < oldest_read and found >= oldest_read:
+        return (
+            f"Redis still holds data of key layout v{oldest}, which this build no longer reads: "
+            f"finish that change first (`durable-streams migrate --finish` of a build that reads v{oldest})"
+        )
+    if found < oldest_read:
         return (
             f"Redis holds key layout v{found}; this build needs v{current}: run "
             "`durable-streams migrate` (of this build) first"
@@ -187,10 +207,18 @@ def verdict(found: int, current: int = CURRENT) -> str | None:
     return None
 
 
-async def check(redis: Client, current: int = CURRENT) -> int:
-    """At start: the version Redis holds (stamped if new); Mismatch unless it is ``current``."""
+async def oldest_held(redis: Client, found: int) -> int:
+    """The oldest layout the data may still hold: ``found`` unless a rolling change is
+    under way (``keys.LAYOUT_OLDEST``)."""
+    raw = await redis.get(keys.LAYOUT_OLDEST)
+    return found if raw is None else min(_version(raw), found)
+
+
+async def check(redis: Client, current: int = CURRENT, oldest_read: int = OLDEST_READ) -> int:
+    """At start: the version Redis holds (stamped if new); Mismatch unless this build reads
+    it (and whatever older layout a rolling change left in the data)."""
     found = await stamp(redis, current)
-    problem = verdict(found, current)
+    problem = verdict(found, current, oldest=await oldest_held(redis, found), oldest_read=oldest_read)
     if problem is not None:
         raise Mismatch(problem)
     return found
@@ -204,8 +232,8 @@ async def migrate(
     steps: Mapping[int, Step] = STEPS,
     lock_seconds: float = LOCK_SECONDS,
 ) -> int:
-    """Bring the layout up to ``current``, one step at a time, under the lock; ``say``
-    reports each step. Returns the version now held. Mismatch if Redis holds a newer
+    """Bring the layout up to ``current`` with offline steps, one at a time, under the lock;
+    ``say`` reports each step. Returns the version now held. Mismatch if Redis holds a newer
     layout, if a step is missing, or if another migration holds the lock."""
     found = await stamp(redis, current)
     if found > current:
@@ -213,11 +241,7 @@ async def migrate(
     if found == current:
         say(f"layout v{current} is current")
         return found
-    token = uuid.uuid4().hex
-    if not await redis.set(keys.LAYOUT_LOCK, token, nx=True, px=int(lock_seconds * 1000)):
-        raise Mismatch(f"another migration is running ({keys.LAYOUT_LOCK} is held); try again later")
-    renewal = asyncio.create_task(_renew(redis, token, lock_seconds))
-    try:
+    async with locked(redis, lock_seconds) as token:
         found = await stamp(redis, current)  # again, under the lock: another run may have moved it
         if found > current:
             raise Mismatch(verdict(found, current) or "")
@@ -225,16 +249,32 @@ async def migrate(
             step = steps.get(found)
             if step is None:
                 raise Mismatch(f"this build has no step from layout v{found} to v{found + 1}")
-            say(f"layout v{found} -> v{found + 1}: {(step.__doc__ or step.__name__).strip().splitlines()[0]}")
+            say(f"layout v{found} -> v{found + 1}: {summary(step)}")
             await step(redis)
             found = await _raise_version(redis, token, found + 1)
+    say(f"layout v{found} is current")
+    return found
+
+
+def summary(step: Callable[..., object]) -> str:
+    """A step's first docstring line (or its name), for migrate's output."""
+    return (step.__doc__ or step.__name__).strip().splitlines()[0]
+
+
+@contextlib.asynccontextmanager
+async def locked(redis: Client, lock_seconds: float = LOCK_SECONDS) -> AsyncIterator[str]:
+    """The migration lock (one migration at a time), renewed while held; its token."""
+    token = uuid.uuid4().hex
+    if not await redis.set(keys.LAYOUT_LOCK, token, nx=True, px=int(lock_seconds * 1000)):
+        raise Mismatch(f"another migration is running ({keys.LAYOUT_LOCK} is held); try again later")
+    renewal = asyncio.create_task(_renew(redis, token, lock_seconds))
+    try:
+        yield token
     finally:
         renewal.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await renewal
         await _release(redis, token)
-    say(f"layout v{found} is current")
-    return found
 
 
 async def _raise_version(redis: Client, token: str, version: int) -> int:

@@ -26,6 +26,7 @@ from redis.exceptions import RedisError
 from ..concurrency import backoff
 from . import durability, layout
 from .connections import Client, general
+from .fleet import Membership
 
 log = logging.getLogger(__name__)
 REFUSALS = (durability.Refused, layout.Mismatch)
@@ -49,8 +50,10 @@ class Preflight:
         require_durable: bool = False,
         prepare: Callable[[], Awaitable[None]] | None = None,
         durable: Callable[[bool], None] = lambda durable: None,
+        member: Membership | None = None,
     ) -> None:
         self.redis = redis
+        self.member = member  # joins the fleet registry once the layout is one it reads
         self.durable = durable  # told what the persistence check found (the metrics, in app.py)
         self.persistence = persistence  # gateways: they acknowledge writes
         self.require_durable = require_durable
@@ -68,6 +71,8 @@ class Preflight:
                 self.durable(await durability.check(self.redis, require=self.require_durable))
                 await durability.check_eviction(self.redis, require=self.require_durable)
             await layout.check(self.redis)
+            if self.member is not None:
+                await self.member.join()
             if self.prepare is not None:
                 await self.prepare()
         except REFUSALS as exc:

@@ -13,6 +13,7 @@ or another stream holds its path, the inherited range answers 410.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, cast
 
 from redis.asyncio import Redis
@@ -33,6 +34,7 @@ from ..redis_io.routing import ClusterRoute, DirectRoute, Route
 from ..redis_io.scripts import Scripts, timed
 
 _UNLIMITED = 2**50
+FILE_RETRIES = 8  # archive files found replaced, in a row, before a read answers 503
 
 
 def _as_sent(response: Any, **options: Any) -> Any:
@@ -270,10 +272,15 @@ class Reads:
                 try:
                     got = await self.cold.take(segment, pos, hi, budget, whole, max_entries)
                 except FileNotFoundError:
-                    # Replaced by a merged file, or the stream is going: ask again.
+                    # Replaced by a merged file (committed before the old one is deleted: the
+                    # script names the new one now), or the stream is going: ask again. An
+                    # archive worker merging often may replace the new one too before it is
+                    # read: a few more tries, a little apart (a 503 only after ~2 s of that).
                     retries += 1
-                    if retries > 3:
+                    if retries > FILE_RETRIES:
                         raise ProtocolError(503, "archive file missing", {"Retry-After": "1"}) from None
+                    if retries > 1:
+                        await asyncio.sleep(min(0.4, 0.025 * 2**retries))
                     continue
             else:
                 got = hot

@@ -86,14 +86,20 @@ class RedisProc:
 
 
 class ServiceProc:
-    """A ``durable-streams`` subprocess (``serve`` or ``archive``)."""
+    """A ``durable-streams`` subprocess (``serve`` or ``archive``): this venv's, or ``command``
+    (e.g. an earlier build's: tests/old_builds.py) run in ``cwd``."""
 
-    def __init__(self, name: str, args: list[str], log_dir: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, name: str, args: list[str], log_dir: Path, env: dict[str, str] | None = None,
+        command: list[str] | None = None, cwd: str | None = None,
+    ) -> None:  # fmt: skip
         self.name = name
         self.args = args
+        self.command = command or GATEWAY_CMD
+        self.cwd = cwd or (None if command else SERVER_ROOT or None)  # SERVER_ROOT: for GATEWAY_CMD only
         self.log_path = log_dir / f"{name}.log"
         self.env = {**os.environ, **(env or {})}
-        if SERVER_ROOT:
+        if SERVER_ROOT and not command:
             self.env["PYTHONPATH"] = os.pathsep.join(filter(None, [SERVER_ROOT, self.env.get("PYTHONPATH")]))
         self.process: subprocess.Popen[bytes] | None = None
         self.paused = False
@@ -114,8 +120,8 @@ class ServiceProc:
             log.write(f"\n=== start {self.starts} at {time.time():.3f}\n".encode())
             log.flush()
             self.process = subprocess.Popen(
-                [*GATEWAY_CMD, *self.args], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                env=self.env, cwd=SERVER_ROOT or None,
+                [*self.command, *self.args], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                env=self.env, cwd=self.cwd,
             )  # fmt: skip
         self.paused = False
         self.starts += 1
@@ -162,12 +168,12 @@ class GatewayProc(ServiceProc):
 
     def __init__(
         self, name: str, redis_url: str, log_dir: Path, flags: list[str] | None = None,
-        env: dict[str, str] | None = None,
+        env: dict[str, str] | None = None, command: list[str] | None = None, cwd: str | None = None,
     ) -> None:  # fmt: skip
         self.port = free_port()
         args = ["serve", "--host", "127.0.0.1", "--port", str(self.port), "--redis-url", redis_url,
                 "--log-level", "warning", *(flags or [])]  # fmt: skip
-        super().__init__(name, args, log_dir, env)
+        super().__init__(name, args, log_dir, env, command, cwd)
 
     @property
     def base(self) -> str:
@@ -229,13 +235,14 @@ class ArchiveProc(ServiceProc):
     """``durable-streams archive``, archiving everything as soon as it can."""
 
     def __init__(
-        self, name: str, redis_url: str, archive_dir: Path, log_dir: Path, lease_seconds: float
-    ) -> None:
+        self, name: str, redis_url: str, archive_dir: Path, log_dir: Path, lease_seconds: float,
+        env: dict[str, str] | None = None, command: list[str] | None = None, cwd: str | None = None,
+    ) -> None:  # fmt: skip
         args = ["archive", "--redis-url", redis_url, "--archive-url", str(archive_dir),
                 "--archive-hot-bytes", "0", "--archive-hot-seconds", "0", "--archive-min-bytes", "16384",
                 "--archive-max-delay", "0", "--archive-interval", "0.1", "--archive-file-bytes", "16384",
                 "--archive-lease-seconds", str(lease_seconds), "--log-level", "warning"]  # fmt: skip
-        super().__init__(name, args, log_dir)
+        super().__init__(name, args, log_dir, env, command, cwd)
         self.lease_seconds = lease_seconds
 
     def pause_mid_write(self, within: float) -> bool:

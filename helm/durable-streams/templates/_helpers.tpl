@@ -138,6 +138,19 @@ checksum/secret: {{ include (print $.Template.BasePath "/secret.yaml") . | sha25
 {{- end }}
 {{- end -}}
 
+{{/* A pod that mounts a shared archive volume that is not ReadWriteMany: on the node of the
+gateways and archive workers, which have it (ds.archiveOnOneNode). */}}
+{{- define "ds.archiveNodeAffinity" -}}
+podAffinity:
+  requiredDuringSchedulingIgnoredDuringExecution:
+    - topologyKey: kubernetes.io/hostname
+      labelSelector:
+        matchExpressions:
+          - {key: app.kubernetes.io/name, operator: In, values: [{{ include "ds.name" . | quote }}]}
+          - {key: app.kubernetes.io/instance, operator: In, values: [{{ .Release.Name | quote }}]}
+          - {key: app.kubernetes.io/component, operator: In, values: [gateway, archive]}
+{{- end -}}
+
 {{/* Default scheduling (spreadPods) of one component, unless its own affinity /
 topologySpreadConstraints are given: prefer other nodes, spread over zones; soft rules only.
 Gateways and archive workers, which mount a shared archive volume that is not ReadWriteMany, all
@@ -159,14 +172,7 @@ affinity:
 {{- else if $pinned }}
 # The archive volume is not ReadWriteMany: every pod that mounts it on the node that has it.
 affinity:
-  podAffinity:
-    requiredDuringSchedulingIgnoredDuringExecution:
-      - topologyKey: kubernetes.io/hostname
-        labelSelector:
-          matchExpressions:
-            - {key: app.kubernetes.io/name, operator: In, values: [{{ include "ds.name" .root | quote }}]}
-            - {key: app.kubernetes.io/instance, operator: In, values: [{{ .root.Release.Name | quote }}]}
-            - {key: app.kubernetes.io/component, operator: In, values: [gateway, archive]}
+  {{- include "ds.archiveNodeAffinity" .root | nindent 2 }}
 {{- else if .root.Values.spreadPods }}
 affinity:
   podAntiAffinity:
@@ -360,5 +366,22 @@ is in a Secret of yours). */}}
 {{- end -}}
 {{- if and .Values.spark.enabled (not .Values.spark.archiveUrl) (not .Values.archive.enabled) -}}
 {{- fail "spark.enabled reads the archive: enable it (archive.enabled) or set spark.archiveUrl" -}}
+{{- end -}}
+{{- with .Values.backup -}}
+{{- if .enabled -}}
+{{- if not .to -}}
+{{- fail "backup.enabled needs backup.to: where the backups go, s3://bucket/prefix (object storage), or a directory on backup.volume.existingClaim" -}}
+{{- end -}}
+{{- if or (not (contains "://" .to)) (hasPrefix "file://" .to) -}}
+{{- $dir := trimPrefix "file://" .to | trimSuffix "/" -}}
+{{- $mount := trimSuffix "/" .volume.mountPath -}}
+{{- if not .volume.existingClaim -}}
+{{- fail (printf "backup.to=%s is a local directory: it needs backup.volume.existingClaim (a PersistentVolumeClaim of yours, mounted at backup.volume.mountPath, %s), or back up to object storage (backup.to=s3://bucket/prefix)" .to .volume.mountPath) -}}
+{{- end -}}
+{{- if not (or (eq $dir $mount) (hasPrefix (printf "%s/" $mount) $dir)) -}}
+{{- fail (printf "backup.to=%s must be backup.volume.mountPath (%s), where backup.volume.existingClaim is mounted, or a directory under it" .to .volume.mountPath) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}

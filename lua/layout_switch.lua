@@ -1,0 +1,26 @@
+-- layout_switch.lua: `migrate --finish` raises the layout written, from one layout to the
+-- next, only if every member whose lease runs reads the next one (redis_io/fleet.py); the
+-- oldest layout in the data stays where it was until the rest is rewritten. Expired
+-- members' records are dropped on the way.
+-- KEYS: 1 the layout written (keys.LAYOUT), 2 the oldest layout in the data (keys.LAYOUT_OLDEST), 3 the registry (keys.FLEET).
+-- ARGV: 1 expected: the layout it must find, 2 to: the next one.
+-- Returns {'ok'} | {'moved', layout} (Redis holds another layout) | {'behind', records...}
+--   (the live members that do not read `to`: their JSON records).
+local layout = tonumber(redis.call('GET', KEYS[1]) or '0')
+if layout ~= tonumber(ARGV[1]) then return {'moved', layout} end
+local now = redis.call('TIME')
+local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+local behind = {'behind'}
+local members = redis.call('HGETALL', KEYS[3])
+for i = 1, #members, 2 do
+  local record = cjson.decode(members[i + 1])
+  if record['until'] < now_ms then
+    redis.call('HDEL', KEYS[3], members[i])
+  elseif record['reads'][2] < tonumber(ARGV[2]) then
+    behind[#behind + 1] = members[i + 1]
+  end
+end
+if #behind > 1 then return behind end
+if redis.call('EXISTS', KEYS[2]) == 0 then redis.call('SET', KEYS[2], layout) end
+redis.call('SET', KEYS[1], ARGV[2])
+return {'ok'}

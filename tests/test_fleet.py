@@ -1,0 +1,256 @@
+"""The fleet registry and rolling layout changes (gateway/redis_io/fleet.py, migration.py):
+processes join under leases and say which layouts they read; ``migrate`` prepares a change
+without stopping the build before, ``migrate --finish`` switches only once every live process
+reads the new layout, waits until each writes it, then contracts; an interrupted finish
+resumes. The changes here are described by the tests (this build has none pending); the
+processes are real ones (a gateway, an archive worker) where the registry is what is shown."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
+
+from gateway.cli import doctor
+from gateway.cli.embedded import EmbeddedRedis
+from gateway.redis_io import fleet, keys, layout, migration
+from gateway.redis_io.fleet import Membership
+from gateway.redis_io.migration import Build, Rolling
+
+from .cluster import Cluster
+from .conftest import gateway_process, ready_worker
+
+LEASE = 0.6  # short leases: members renew every 0.2 s here
+
+
+@pytest.fixture
+async def client(own_redis: EmbeddedRedis) -> AsyncIterator[aioredis.Redis]:
+    c = aioredis.Redis.from_url(own_redis.url)
+    await c.set(keys.LAYOUT, 3)
+    yield c
+    await c.aclose()
+
+
+@contextlib.asynccontextmanager
+async def running(member: Membership) -> AsyncIterator[list[str]]:
+    """``member`` joined and renewing for the block; what it was refused, if anything."""
+    refusals: list[str] = []
+    await member.join()
+    task = asyncio.create_task(member.keep(refusals.append))
+    try:
+        yield refusals
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await member.leave()
+
+
+def _fleet(url: str) -> str:
+    out = subprocess.run(
+        [sys.executable, "-m", "gateway", "fleet", "--redis-url", url],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+async def test_gateways_and_workers_join_and_leave(own_redis: EmbeddedRedis, tmp_path: Path) -> None:
+    """Real processes: each in the registry with its pid, the layouts it reads and the one
+    it writes, out of it once stopped."""
+    with gateway_process(own_redis.url, tmp_path / "gw.log"):
+        worker = ready_worker(
+            [sys.executable, "-m", "gateway", "archive", "--redis-url", own_redis.url,
+             "--archive-url", str(tmp_path / "archive")]
+        )  # fmt: skip
+        try:
+            listed = _fleet(own_redis.url)
+            lines = listed.splitlines()
+            assert lines[0].split() == ["ROLE", "HOST:PID", "BUILD", "READS", "WRITES", "LEASE"], listed
+            reads = f"v{layout.OLDEST_READ}-v{layout.CURRENT}"
+            gateways = [line.split() for line in lines if line.startswith("gateway ")]
+            archivers = [line.split() for line in lines if line.startswith("archive ")]
+            assert len(gateways) == 1 and len(archivers) == 1, listed
+            assert archivers[0][1].endswith(f":{worker.pid}") and archivers[0][3:5] == [reads, "v3"], listed
+            assert gateways[0][3:5] == [reads, "v3"], listed
+            assert lines[-1] == f"key layout: v3; this build reads {reads}", listed
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            assert worker.wait(30) == 0
+    client = aioredis.Redis.from_url(own_redis.url)
+    try:
+        assert await fleet.members(client) == []  # both left as they stopped, before their leases ended
+    finally:
+        await client.aclose()
+
+
+async def test_a_member_joins_only_a_layout_its_build_reads(client: aioredis.Redis) -> None:
+    with pytest.raises(layout.Mismatch, match="this build needs v5: run `durable-streams migrate`"):
+        await Membership(client, "gateway", reads=(4, 5)).join()
+    with pytest.raises(layout.Mismatch, match="this build understands up to v2: upgrade"):
+        await Membership(client, "gateway", reads=(2, 2)).join()
+    assert await fleet.members(client) == []  # a refused member is not registered
+    both = Membership(client, "gateway", reads=(3, 4))
+    assert await both.join() == 3 and both.writing == 3
+    (member,) = await fleet.members(client)
+    assert (member.id, member.reads, member.writes, member.pid) == (both.id, (3, 4), 3, os.getpid())
+
+
+async def test_a_lease_ends_unless_renewed(client: aioredis.Redis) -> None:
+    gone = Membership(client, "archive", lease_seconds=0.3)
+    await gone.join()
+    async with running(Membership(client, "gateway", lease_seconds=0.3)) as refusals:
+        await asyncio.sleep(0.8)  # two lease lengths: the renewed one is still there
+        assert [m.role for m in await fleet.members(client)] == ["gateway"]
+    assert refusals == []
+    assert len(await client.hgetall(keys.FLEET)) == 1  # the dead one's record, until a switch drops it
+
+
+def _change(log: list[str], new: Membership | None = None) -> Build:
+    """Layout v3 -> v4, rolling: what it did, in order, in ``log``."""
+
+    async def fill_new_keys(redis: aioredis.Redis) -> None:
+        """Fill the new keys (an example expand step)."""
+        log.append("expand")
+
+    async def rewrite_old_entries(redis: aioredis.Redis) -> None:
+        """Rewrite what is still in v3 (an example contract step)."""
+        assert int(await redis.get(keys.LAYOUT)) == 4 and await redis.get(keys.LAYOUT_OLDEST) == b"3"
+        log.append(f"contract (the new build writes v{new.writing if new else '?'})")
+
+    change = Rolling("v4", rewrite_old_entries, fill_new_keys)
+    return Build(current=4, oldest_read=3, steps={}, rolling={3: change})
+
+
+async def test_expand_then_finish_once_every_process_reads_the_new_layout(client: aioredis.Redis) -> None:
+    log: list[str] = []
+    said: list[str] = []
+    old = Membership(client, "gateway", lease_seconds=LEASE, reads=(3, 3))
+    new = Membership(client, "gateway", lease_seconds=LEASE, reads=(3, 4))
+    worker = Membership(client, "archive", lease_seconds=LEASE, reads=(3, 4))
+    build = _change(log, new)
+    async with running(new) as new_refusals, running(worker):
+        async with running(old) as old_refusals:
+            # migrate: the expand step, nothing switched: the build before keeps running (or comes back)
+            assert await migration.migrate(client, said.append, build=build) == 3
+            assert log == ["expand"]
+            assert said[-1].startswith("layout v3 is written; this build is ready to write v4"), said
+            # --finish while a process of the build before runs: refused, nothing switched
+            behind = r"1 live process\(es\) do not read key layout v4: gateway "
+            with pytest.raises(layout.Mismatch, match=behind):
+                await migration.migrate(client, said.append, finish=True, build=build)
+            assert await client.get(keys.LAYOUT) == b"3" and log == ["expand", "expand"]
+            assert not await client.exists(keys.LAYOUT_LOCK)
+        assert old_refusals == []
+        said.clear()
+        assert await migration.migrate(client, said.append, finish=True, build=build) == 4
+        assert log[-1] == "contract (the new build writes v4)"  # only once it writes the new layout
+        assert said == [
+            "layout v3 -> v4, expand: Fill the new keys (an example expand step).",
+            "layout v3 -> v4: switched: v4 is written from now on",
+            "waiting for 2 process(es) to write layout v4 (at their next renewal)",
+            "layout v3 -> v4, contract: Rewrite what is still in v3 (an example contract step).",
+            "layout v4 is current",
+        ]
+        assert await client.get(keys.LAYOUT) == b"4" and not await client.exists(keys.LAYOUT_OLDEST)
+        assert {m.writes for m in await fleet.members(client)} == {4}
+        # the build before can no longer come back, nor can a build that reads only v3
+        with pytest.raises(layout.Mismatch, match="understands up to v3"):
+            await Membership(client, "gateway", reads=(3, 3)).join()
+        with pytest.raises(layout.Mismatch, match="understands up to v3"):
+            await layout.check(client, current=3)
+        assert await layout.check(client, current=4, oldest_read=3) == 4
+    assert new_refusals == []
+
+
+async def test_a_process_of_the_build_before_waking_after_the_switch_stops(client: aioredis.Redis) -> None:
+    """Paused past its lease (so the switch did not see it), it is refused at its next
+    renewal: it must not write the old layout."""
+    sleeper = Membership(client, "gateway", lease_seconds=0.3, reads=(3, 3))
+    await sleeper.join()
+    await asyncio.sleep(0.4)
+    await migration.migrate(client, print, finish=True, build=_change([]))
+    with pytest.raises(layout.Mismatch, match="holds key layout v4; this build understands up to v3"):
+        await sleeper.join()
+    assert [m.id for m in await fleet.members(client)] == []  # the switch dropped its ended lease
+
+
+async def test_an_interrupted_finish_resumes(client: aioredis.Redis) -> None:
+    log: list[str] = []
+    calls = 0
+
+    async def flaky(redis: aioredis.Redis) -> None:
+        """Rewrite what is still in v3, failing the first time."""
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise ConnectionError("the operator's laptop went to sleep")
+        log.append("contract")
+
+    build = Build(current=4, oldest_read=3, steps={}, rolling={3: Rolling("v4", flaky)})
+    with pytest.raises(ConnectionError):
+        await migration.migrate(client, print, finish=True, build=build)
+    assert await client.get(keys.LAYOUT) == b"4" and await client.get(keys.LAYOUT_OLDEST) == b"3"
+    assert not await client.exists(keys.LAYOUT_LOCK)  # released
+    # Meanwhile: a build that reads only v4 refuses (v3 data remains), both kinds join.
+    remains = "still holds data of key layout v3, which this build no longer reads"
+    with pytest.raises(layout.Mismatch, match=remains):
+        await layout.check(client, current=4, oldest_read=4)
+    assert await layout.check(client, current=4, oldest_read=3) == 4
+    half_done = await doctor.fleet_finding(client)
+    assert (half_done.level, half_done.text) == (
+        "warn", "0 live process(es); a layout change is half done: run `durable-streams migrate --finish`"
+    ), half_done  # fmt: skip
+    said: list[str] = []
+    assert await migration.migrate(client, said.append, build=build) == 4  # without --finish: what is left
+    assert said == ["layout v4 is written, data of v3 remains: run `durable-streams migrate --finish`"]
+    assert await migration.migrate(client, print, finish=True, build=build) == 4
+    assert log == ["contract"] and not await client.exists(keys.LAYOUT_OLDEST)
+    assert await layout.check(client, current=4, oldest_read=4) == 4
+
+
+async def test_finish_waits_for_every_member_to_write_the_new_layout(client: aioredis.Redis) -> None:
+    """A member that reads the new layout but does not renew (stalled) holds the contract
+    back: a clear refusal after the wait, and a later --finish completes."""
+    stalled = Membership(client, "deliver", lease_seconds=30, reads=(3, 4))
+    await stalled.join()
+    log: list[str] = []
+    build = _change(log)
+    stalls = r"1 live process\(es\) still write layout v3 after 1 s: deliver "
+    with pytest.raises(layout.Mismatch, match=stalls):
+        await migration.migrate(client, print, finish=True, build=build, wait_seconds=1.0)
+    assert "contract" not in " ".join(log)
+    await stalled.join()  # it renews: learns v4
+    assert stalled.writing == 4
+    await stalled.join()  # and says so
+    assert await migration.migrate(client, print, finish=True, build=build) == 4
+    assert log[-1].startswith("contract")
+
+
+async def test_the_registry_on_a_cluster(redis_cluster: Cluster) -> None:
+    """One slot for the layout, its lock and the registry: joins and the switch's look work
+    through a cluster client (the switch itself is refused here: a member reads only v3)."""
+    client = RedisCluster.from_url(redis_cluster.seed_url)
+    try:
+        await layout.stamp(client)
+        member = Membership(client, "gateway", reads=(3, 3))
+        assert await member.join() == 3
+        try:
+            assert member.id in [m.id for m in await fleet.members(client)]
+            with pytest.raises(layout.Mismatch, match="do not read key layout v4"):
+                await fleet.switch(client, 3, 4)
+            assert await client.get(keys.LAYOUT) == b"3"
+        finally:
+            await member.leave()
+        assert member.id not in [m.id for m in await fleet.members(client)]
+    finally:
+        await client.aclose()
