@@ -112,7 +112,7 @@ async def test_a_lease_ends_unless_renewed(client: aioredis.Redis) -> None:
         await asyncio.sleep(0.8)  # two lease lengths: the renewed one is still there
         assert [m.role for m in await fleet.members(client)] == ["gateway"]
     assert refusals == []
-    assert len(await client.hgetall(keys.FLEET)) == 1  # the dead one's record, until a switch drops it
+    assert await client.hlen(keys.FLEET) == 0  # the dead one's record dropped by the other's renewals
 
 
 def _change(log: list[str], new: Membership | None = None) -> Build:
@@ -147,17 +147,19 @@ async def test_expand_then_finish_once_every_process_reads_the_new_layout(client
             # --finish while a process of the build before runs: refused, nothing switched
             behind = r"1 live process\(es\) do not read key layout v4: gateway "
             with pytest.raises(layout.Mismatch, match=behind):
-                await migration.migrate(client, said.append, finish=True, build=build)
+                await migration.migrate(client, said.append, finish=True, build=build, lease_seconds=LEASE)
             assert await client.get(keys.LAYOUT) == b"3" and log == ["expand", "expand"]
             assert not await client.exists(keys.LAYOUT_LOCK)
         assert old_refusals == []
         said.clear()
-        assert await migration.migrate(client, said.append, finish=True, build=build) == 4
+        assert (
+            await migration.migrate(client, said.append, finish=True, build=build, lease_seconds=LEASE) == 4
+        )
         assert log[-1] == "contract (the new build writes v4)"  # only once it writes the new layout
         assert said == [
             "layout v3 -> v4, expand: Fill the new keys (an example expand step).",
             "layout v3 -> v4: switched: v4 is written from now on",
-            "waiting for 2 process(es) to write layout v4 (at their next renewal)",
+            "waiting for 2 process(es) to write layout v4 (at their next renewal) and a lease (1 s)",
             "layout v3 -> v4, contract: Rewrite what is still in v3 (an example contract step).",
             "layout v4 is current",
         ]
@@ -178,7 +180,7 @@ async def test_a_process_of_the_build_before_waking_after_the_switch_stops(clien
     sleeper = Membership(client, "gateway", lease_seconds=0.3, reads=(3, 3))
     await sleeper.join()
     await asyncio.sleep(0.4)
-    await migration.migrate(client, print, finish=True, build=_change([]))
+    await migration.migrate(client, print, finish=True, build=_change([]), lease_seconds=LEASE)
     with pytest.raises(layout.Mismatch, match="holds key layout v4; this build understands up to v3"):
         await sleeper.join()
     assert [m.id for m in await fleet.members(client)] == []  # the switch dropped its ended lease
@@ -198,7 +200,7 @@ async def test_an_interrupted_finish_resumes(client: aioredis.Redis) -> None:
 
     build = Build(current=4, oldest_read=3, steps={}, rolling={3: Rolling("v4", flaky)})
     with pytest.raises(ConnectionError):
-        await migration.migrate(client, print, finish=True, build=build)
+        await migration.migrate(client, print, finish=True, build=build, lease_seconds=LEASE)
     assert await client.get(keys.LAYOUT) == b"4" and await client.get(keys.LAYOUT_OLDEST) == b"3"
     assert not await client.exists(keys.LAYOUT_LOCK)  # released
     # Meanwhile: a build that reads only v4 refuses (v3 data remains), both kinds join.
@@ -213,7 +215,7 @@ async def test_an_interrupted_finish_resumes(client: aioredis.Redis) -> None:
     said: list[str] = []
     assert await migration.migrate(client, said.append, build=build) == 4  # without --finish: what is left
     assert said == ["layout v4 is written, data of v3 remains: run `durable-streams migrate --finish`"]
-    assert await migration.migrate(client, print, finish=True, build=build) == 4
+    assert await migration.migrate(client, print, finish=True, build=build, lease_seconds=LEASE) == 4
     assert log == ["contract"] and not await client.exists(keys.LAYOUT_OLDEST)
     assert await layout.check(client, current=4, oldest_read=4) == 4
 
@@ -223,16 +225,19 @@ async def test_finish_waits_for_every_member_to_write_the_new_layout(client: aio
     back: a clear refusal after the wait, and a later --finish completes."""
     stalled = Membership(client, "deliver", lease_seconds=30, reads=(3, 4))
     await stalled.join()
+    assert stalled.writing == 3
     log: list[str] = []
     build = _change(log)
     stalls = r"1 live process\(es\) still write layout v3 after 1 s: deliver "
     with pytest.raises(layout.Mismatch, match=stalls):
-        await migration.migrate(client, print, finish=True, build=build, wait_seconds=1.0)
+        await migration.migrate(
+            client, print, finish=True, build=build, wait_seconds=1.0, lease_seconds=LEASE
+        )
     assert "contract" not in " ".join(log)
     await stalled.join()  # it renews: learns v4
     assert stalled.writing == 4
     await stalled.join()  # and says so
-    assert await migration.migrate(client, print, finish=True, build=build) == 4
+    assert await migration.migrate(client, print, finish=True, build=build, lease_seconds=LEASE) == 4
     assert log[-1].startswith("contract")
 
 
@@ -247,10 +252,64 @@ async def test_the_registry_on_a_cluster(redis_cluster: Cluster) -> None:
         try:
             assert member.id in [m.id for m in await fleet.members(client)]
             with pytest.raises(layout.Mismatch, match="do not read key layout v4"):
-                await fleet.switch(client, 3, 4)
+                async with layout.locked(client, 10) as token:
+                    await fleet.switch(client, 3, 4, token)
             assert await client.get(keys.LAYOUT) == b"3"
         finally:
             await member.leave()
         assert member.id not in [m.id for m in await fleet.members(client)]
     finally:
         await client.aclose()
+
+
+async def test_a_member_whose_lease_may_have_ended_writes_nothing(client: aioredis.Redis) -> None:
+    """Its own count: no renewal for a lease (less a margin) and ``writing`` is None, whatever
+    Redis says, until a renewal answers."""
+    member = Membership(client, "gateway", lease_seconds=0.8)
+    assert member.writing is None  # not joined yet
+    await member.join()
+    assert member.writing == 3
+    await asyncio.sleep(0.65)  # past the lease less its margin (a quarter of it): 0.6 s
+    assert member.writing is None
+    await member.join()
+    assert member.writing == 3
+
+
+async def test_nobody_joins_while_a_restore_writes(client: aioredis.Redis) -> None:
+    await client.set(keys.RESTORING, "the seal of a backup")
+    with pytest.raises(layout.Mismatch, match="`durable-streams restore` is writing into this Redis"):
+        await Membership(client, "gateway").join()
+    await client.delete(keys.RESTORING)
+    assert await Membership(client, "gateway").join() == 3
+
+
+async def test_joins_drop_the_records_of_processes_killed_outright(client: aioredis.Redis) -> None:
+    for _ in range(3):
+        await Membership(client, "gateway", lease_seconds=0.1).join()  # never leave
+    await asyncio.sleep(0.2)
+    assert await client.hlen(keys.FLEET) == 3 and await fleet.members(client) == []
+    newcomer = Membership(client, "gateway")
+    await newcomer.join()
+    assert list(await client.hkeys(keys.FLEET)) == [newcomer.id.encode()]
+
+
+async def test_finish_stops_when_a_failover_lost_the_switch(client: aioredis.Redis) -> None:
+    """The switch written, then Redis holds the old layout again (a replica promoted without
+    it): no contract, a clear refusal; and a switch whose migration lock is not its own."""
+    stalled = Membership(client, "deliver", lease_seconds=30, reads=(3, 4))
+    await stalled.join()  # reads v4, never renews: the wait goes on
+    log: list[str] = []
+
+    async def lose_the_switch() -> None:
+        while await client.get(keys.LAYOUT) != b"4":
+            await asyncio.sleep(0.01)
+        await client.set(keys.LAYOUT, 3)
+
+    losing = asyncio.create_task(lose_the_switch())
+    with pytest.raises(layout.Mismatch, match=r"holds key layout b'3', not v4, after the switch"):
+        await migration.migrate(client, print, finish=True, build=_change(log), lease_seconds=5)
+    await losing
+    assert "contract" not in " ".join(log)
+    await client.set(keys.LAYOUT_LOCK, "someone else's")
+    with pytest.raises(layout.Mismatch, match="the migration lock expired or changed hands"):
+        await fleet.switch(client, 3, 4, "mine")

@@ -54,6 +54,7 @@ _SKIPPED_NAMES = {
     keys.LAYOUT_LOCK,
     keys.FLEET,  # the source's processes, not the data's: the target's own join it
     keys.RESTORING,
+    keys.RESTORING_LEASE,
     keys.INDEX_SWEEP,
     keys.INDEX_SWEEP_AT,
 }

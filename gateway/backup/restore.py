@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..protocol.models import text
-from ..redis_io import fleet, keys
+from ..redis_io import fleet, keys, layout
 from ..redis_io.connections import Client, scan_pages, version
 from ..streams.forks import Forks
 from . import Say, bundle, plan
@@ -55,10 +55,25 @@ async def _unfinished(redis: Client, seal: str, say: Say) -> None:
     await redis.delete(keys.RESTORING)
 
 
+async def _nobody_running(redis: Client) -> None:
+    """Refuse a target with a gateway or worker running on it (before anything is removed)."""
+    for alive, who in ((keys.ARCHIVE_WORKER_ALIVE, "archive"), (keys.SUBS_WORKER_ALIVE, "delivery")):
+        if await redis.exists(alive):
+            raise NotEmpty(
+                f"{who} workers run on the target: stop them (and the gateways) while it is restored"
+            )
+    running = await fleet.members(redis)
+    if running:
+        raise NotEmpty(
+            f"{len(running)} gateway(s)/worker(s) run on the target ({running[0].describe()}, ...; "
+            "`durable-streams fleet` lists them): stop them while it is restored"
+        )
+
+
 async def _check_target(redis: Client, manifest: dict[str, Any]) -> bool:
-    """Refuse a target holding data of ours, with a worker running on it, another layout stamp
-    than the backup's, or an older Redis. Returns whether it is stamped already (the
-    backup's stamp is then not written)."""
+    """Refuse a target holding data of ours, another layout stamp than the backup's, an older
+    Redis, or one that cannot take the backup's largest value. Returns whether it is stamped
+    already (the backup's stamp is then not written)."""
     async for page in scan_pages(redis, "*", count=1000):
         for raw in page:
             name = plan.key_text(raw)
@@ -66,22 +81,11 @@ async def _check_target(redis: Client, manifest: dict[str, Any]) -> bool:
                 raise NotEmpty(
                     f"the target Redis holds data of ours ({name!r}, ...): restore needs an empty one"
                 )
-    for alive, who in ((keys.ARCHIVE_WORKER_ALIVE, "archive"), (keys.SUBS_WORKER_ALIVE, "delivery")):
-        if await redis.exists(alive):
-            raise NotEmpty(
-                f"{who} workers run on the target: stop them (and the gateways) while it is restored"
-            )
     stamp, source = await redis.get(keys.LAYOUT), manifest["source"]
     if stamp is not None and int(stamp) != source["layout"]:
         raise NotEmpty(
             f"the target Redis is stamped key layout v{int(stamp)}, the backup is v{source['layout']}: "
             "restore into an empty Redis, then run `durable-streams migrate`"
-        )
-    running = await fleet.members(redis)
-    if running:
-        raise NotEmpty(
-            f"{len(running)} gateway(s)/worker(s) run on the target ({running[0].describe()}, ...; "
-            "`durable-streams fleet` lists them): stop them while it is restored"
         )
     largest, limit = manifest.get("largest", {}), await bulk_limit(redis)
     if limit is not None and largest.get("bytes", 0) > limit:
@@ -105,9 +109,22 @@ async def restore_backup(
     manifest = bundle.read_manifest(folder)
     bundle.check_files(folder, manifest)
     seal = (folder / bundle.SEAL).read_text().strip()
+    await _nobody_running(redis)
+    busy = "another restore is running into this target"
+    try:
+        async with layout.locked(redis, 30.0, keys.RESTORING_LEASE, busy):
+            return await _restore_all(redis, forks, cluster, folder, manifest, seal, say, started)
+    except layout.Mismatch as exc:
+        raise NotEmpty(str(exc)) from None
+
+
+async def _restore_all(
+    redis: Client, forks: Forks, cluster: bool, folder: Path, manifest: dict[str, Any], seal: str, say: Say,
+    started: float,
+) -> dict[str, Any]:  # fmt: skip
     await _unfinished(redis, seal, say)
     stamped = await _check_target(redis, manifest)
-    await redis.set(keys.RESTORING, seal)
+    await redis.set(keys.RESTORING, seal)  # (gateways and workers refuse to start while it is there)
     written: list[bytes] = []
     now_ms = int(time.time() * 1000)
     expired = 0
@@ -177,7 +194,7 @@ async def reconcile_forks(redis: Client, forks: Forks, written: list[bytes], say
     source counting a fork the backup lacks (it would never be collected) or a pinning fork
     its source does not count (the source could be collected under it). Each source's record
     is made to match the forks restored, as the gateway's own rules do (``Forks``)."""
-    names = [plan.key_text(key) for key in written]
+    names = {plan.key_text(key) for key in written}
     restored = {keys.key_stream_id(name) for name in names if plan.is_stream_meta(name)}
     for sid in sorted(restored):
         record = keys.stream_keys(sid)[3]

@@ -120,8 +120,9 @@ async def _fleet(url: str, cluster: bool, timeout: float) -> list[str]:
 
 def migrate_own(url: str, say: Callable[[str], None]) -> None:
     """The embedded Redis of ``durable-streams serve`` (its own: no other build's gateways
-    share it) brought up to this build's layout at start, instead of refusing."""
-    asyncio.run(_migrate(url, False, 10.0, False, True, say))
+    share it) brought up to this build's layout at start, instead of refusing. The records
+    of the processes of its last run (killed outright, their leases not over) go first."""
+    asyncio.run(_migrate(url, False, 10.0, False, True, say, own=True))
 
 
 def _print(line: str) -> None:
@@ -129,10 +130,13 @@ def _print(line: str) -> None:
 
 
 async def _migrate(
-    url: str, cluster: bool, timeout: float, reindex: bool, finish: bool, say: Callable[[str], None] = _print
-) -> None:
+    url: str, cluster: bool, timeout: float, reindex: bool, finish: bool, say: Callable[[str], None] = _print,
+    *, own: bool = False,
+) -> None:  # fmt: skip
     client = general(url, cluster=cluster, socket_timeout=timeout, socket_connect_timeout=timeout)
     try:
+        if own:
+            await client.delete(keys.FLEET)
         await migration.migrate(client, say, finish=finish)
         if reindex:
             say(f"reindexed: {await layout.index_streams(client)} stream(s) added to the index")

@@ -116,7 +116,12 @@ def install(
                 preflight.problem,
             )
             app[PREFLIGHT_TASK] = asyncio.create_task(keep_trying(preflight, on_refusal))
-        app[MEMBER_TASK] = asyncio.create_task(member.keep(on_refusal))
+
+        def refused_later(why: str) -> None:  # a renewal refused: the same as a refused start
+            preflight.refusal = why
+            on_refusal(why)
+
+        app[MEMBER_TASK] = asyncio.create_task(member.keep(refused_later))
         if drain_on_sigterm:
             drain(app, settings.shutdown_delay_seconds)
             # What the process holds now (modules, the app, its clients) lives as long as it

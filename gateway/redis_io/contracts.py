@@ -433,7 +433,7 @@ class FleetJoinArgv(NamedTuple):
     lease_ms: int
 
 
-class FleetJoined(NamedTuple):  # 'ok' | 'refused'
+class FleetJoined(NamedTuple):  # 'ok' | 'refused' | 'restoring'
     status: bytes
     layout: int
     oldest: int
@@ -442,6 +442,7 @@ class FleetJoined(NamedTuple):  # 'ok' | 'refused'
 class LayoutSwitchArgv(NamedTuple):
     expected: int
     to: int
+    token: str
 
 
 class LayoutMoved(NamedTuple):  # 'moved'
@@ -636,7 +637,9 @@ BACKUP_KEYS = Script("backup_keys", BackupKeysArgv, reply=KeyDumped, repeats=Tru
 # Migrate's step to layout v3 (layout.py): offsets kept by subscriptions, rewritten.
 HASH_SWAP = Script("hash_swap", tail="swaps", groups={"swaps": Group(HashSwap)})
 # The fleet registry (fleet.py): a member's lease; `migrate --finish`'s switch.
-FLEET_JOIN = Script("fleet_join", FleetJoinArgv, replies={"ok": FleetJoined, "refused": FleetJoined})
+FLEET_JOIN = Script(
+    "fleet_join", FleetJoinArgv, replies={"ok": FleetJoined, "refused": FleetJoined, "restoring": FleetJoined}
+)
 LAYOUT_SWITCH = Script(
     "layout_switch", LayoutSwitchArgv, replies={"moved": LayoutMoved, "behind": LayoutBehind}
 )

@@ -65,7 +65,9 @@ def build() -> str:
 
 
 LEASE_SECONDS = 15.0  # a member not heard of for this long is gone; renewed every third of it
-KEYS = (keys.LAYOUT, keys.LAYOUT_OLDEST, keys.FLEET)
+MARGIN_SECONDS = 1.0  # a member stops writing this long (a quarter of short leases) before its lease ends
+JOIN_KEYS = (keys.LAYOUT, keys.LAYOUT_OLDEST, keys.FLEET, keys.RESTORING)
+SWITCH_KEYS = (keys.LAYOUT, keys.LAYOUT_OLDEST, keys.FLEET, keys.LAYOUT_LOCK)
 
 
 @dataclass(frozen=True)
@@ -95,15 +97,15 @@ class Member:
         return f"{self.role} {self.host}:{self.pid} (build {self.build}, reads v{low}-v{high})"
 
 
-async def _run(redis: Client, name: str, argv: tuple[str | int, ...]) -> list[Any]:
+async def _run(redis: Client, name: str, names: tuple[str, ...], argv: tuple[str | int, ...]) -> list[Any]:
     # Rare calls (a member's renewal, a switch): EVAL, not a loaded script's EVALSHA.
-    reply = redis.eval(source(name, isinstance(redis, RedisCluster)), len(KEYS), *KEYS, *argv)
+    reply = redis.eval(source(name, isinstance(redis, RedisCluster)), len(names), *names, *argv)
     return list(await reply)
 
 
 class Membership:
     """This process in the registry: ``join`` (raises ``layout.Mismatch`` when refused),
-    ``keep`` (renews until cancelled), ``leave``."""
+    ``keep`` (renews until cancelled), ``leave``; ``writing``, the layout to write now."""
 
     def __init__(
         self,
@@ -118,26 +120,50 @@ class Membership:
         self.lease_seconds = lease_seconds
         self.reads = reads
         self.id = f"{role}:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self.writing: int | None = None  # the layout this process writes; None until joined
+        self.joined = False  # by the start-up checks (Preflight); renewals only after that
+        self._writing = 0
+        self._valid_until = 0.0  # (monotonic) when the lease may have ended, by this side's count
         self._record = orjson.dumps(
             {"role": role, "build": build(), "host": socket.gethostname(), "pid": os.getpid(),
              "reads": list(reads), "since": int(time.time() * 1000)}
         ).decode()  # fmt: skip
 
+    @property
+    def writing(self) -> int | None:
+        """The layout this process writes now; None once its lease may have ended (paused,
+        cut off from Redis): ``migrate --finish`` may have switched without it, so a write
+        whose format depends on the layout must wait (answer 503) until a renewal says."""
+        if not self.joined or time.monotonic() >= self._valid_until:
+            return None
+        return self._writing
+
     async def join(self) -> int:
         """Take or renew the lease; the layout to write from now on."""
+        sent = time.monotonic()
         argv = FleetJoinArgv(
-            self.id, self._record, *self.reads, self.writing or 0, int(self.lease_seconds * 1000)
+            self.id, self._record, *self.reads, self._writing, int(self.lease_seconds * 1000)
         )
-        reply = FleetJoined(*await _run(self.redis, FLEET_JOIN.name, tuple(argv)))
-        if text(reply.status) != "ok":
+        reply = FleetJoined(*await _run(self.redis, FLEET_JOIN.name, JOIN_KEYS, tuple(argv)))
+        status, found = text(reply.status), int(reply.layout)
+        if status == "restoring":
+            raise layout.Mismatch("`durable-streams restore` is writing into this Redis: start after it")
+        if status != "ok" and found == 0:
+            raise layout.Mismatch(f"{keys.LAYOUT} is gone (Redis emptied?): start again")
+        if status != "ok":
             low, high = self.reads
-            problem = layout.verdict(int(reply.layout), high, oldest=int(reply.oldest), oldest_read=low)
-            raise layout.Mismatch(problem or f"{keys.LAYOUT} is gone (Redis emptied?): start again")
-        if self.writing is not None and self.writing != int(reply.layout):
-            log.info("key layout v%s is written from now on (was v%s)", reply.layout, self.writing)
-        self.writing = int(reply.layout)
-        return self.writing
+            problem = layout.verdict(found, high, oldest=int(reply.oldest), oldest_read=low)
+            raise layout.Mismatch(
+                problem or f"Redis holds key layout v{found}, which this build does not read"
+            )
+        if self._writing and found < self._writing:
+            log.warning(
+                "key layout v%s is back (was v%s): a Redis failover lost the switch?", found, self._writing
+            )
+        elif self._writing and found != self._writing:
+            log.info("key layout v%s is written from now on (was v%s)", found, self._writing)
+        self._writing, self.joined = found, True
+        self._valid_until = sent + self.lease_seconds - min(MARGIN_SECONDS, self.lease_seconds / 4)
+        return found
 
     async def keep(self, on_refusal: Callable[[str], None]) -> None:
         """Renew every third of the lease until cancelled. A Redis away is tried again at the
@@ -145,6 +171,8 @@ class Membership:
         a refusal is told to ``on_refusal`` once, and ends the renewals."""
         while True:
             await asyncio.sleep(self.lease_seconds / 3)
+            if not self.joined:  # the start-up checks join first (a fresh Redis is stamped there)
+                continue
             try:
                 await self.join()
             except layout.Mismatch as exc:
@@ -177,23 +205,36 @@ class Membership:
             await self.redis.hdel(keys.FLEET, self.id)
 
 
+async def redis_now_ms(redis: Client) -> int:
+    """Redis' clock (the leases' end is Redis' time: another host's clock may be off)."""
+    found: Any = await redis.time()
+    if isinstance(found, dict):  # (RedisCluster: {node: reply})
+        found = next(iter(found.values()))
+    seconds, micros = found
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
 async def members(redis: Client) -> list[Member]:
-    """The live members, oldest lease first; records of ended leases are left for the
-    next switch (or join) to drop."""
+    """The live members, oldest lease first; records of ended leases are left for joins and
+    the next switch to drop."""
     found = await redis.hgetall(keys.FLEET)
-    now_ms = int(time.time() * 1000)
+    now_ms = await redis_now_ms(redis)
     live = [Member.of(text(k), v) for k, v in found.items()]
     return sorted((m for m in live if m.until_ms >= now_ms), key=lambda m: m.until_ms)
 
 
-async def switch(redis: Client, expected: int, to: int) -> None:
-    """Write layout ``to`` from now on, if Redis holds ``expected`` and every live member
-    reads ``to``; else ``layout.Mismatch`` naming who is behind."""
-    reply = await _run(redis, LAYOUT_SWITCH.name, tuple(LayoutSwitchArgv(expected, to)))
+async def switch(redis: Client, expected: int, to: int, token: str) -> None:
+    """Write layout ``to`` from now on, if the migration lock is still ``token``'s, Redis holds
+    ``expected`` and every live member reads ``to``; else ``layout.Mismatch`` saying why.
+    ``to == expected``: the contract is done, no older layout is left (``keys.LAYOUT_OLDEST``
+    dropped), under the same conditions."""
+    reply = await _run(redis, LAYOUT_SWITCH.name, SWITCH_KEYS, tuple(LayoutSwitchArgv(expected, to, token)))
     status = text(reply[0])
+    if status == "moved" and int(reply[1]) == -1:
+        raise layout.Mismatch("the migration lock expired or changed hands: run the migration again")
     if status == "moved":
         raise layout.Mismatch(f"Redis holds key layout v{reply[1]}, not v{expected}: run the migration again")
-    if status == "behind":
+    if status == "behind":  # (never for to == expected: the contract's end)
         behind = [Member.of("", raw) for raw in LayoutBehind.of(reply).records]
         raise layout.Mismatch(
             f"{len(behind)} live process(es) do not read key layout v{to}: "

@@ -110,6 +110,8 @@ LAYOUT_OLDEST = f"{{{LAYOUT}}}:oldest"
 # Set by `durable-streams restore` while it writes (the backup's seal): a restore killed
 # outright leaves it, and a run of the same backup removes what that one wrote first.
 RESTORING = f"{{{LAYOUT}}}:restoring"
+# Held (with an expiry it renews) by a running restore: the marker of one without it is a dead one's.
+RESTORING_LEASE = f"{{{LAYOUT}}}:restoring:lease"
 # The fleet registry (redis_io/fleet.py): member id -> its record (JSON: role, build, the
 # layouts it reads, the one it writes, its lease's end). In LAYOUT's slot: a member joins, and
 # `migrate --finish` switches the layout, each with one script reading both.

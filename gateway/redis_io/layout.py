@@ -262,19 +262,22 @@ def summary(step: Callable[..., object]) -> str:
 
 
 @contextlib.asynccontextmanager
-async def locked(redis: Client, lock_seconds: float = LOCK_SECONDS) -> AsyncIterator[str]:
-    """The migration lock (one migration at a time), renewed while held; its token."""
+async def locked(
+    redis: Client, lock_seconds: float = LOCK_SECONDS, key: str = keys.LAYOUT_LOCK, busy: str = ""
+) -> AsyncIterator[str]:
+    """The migration lock (one migration at a time; or another lock ``key``, Mismatch saying
+    ``busy`` when held), renewed while held; its token."""
     token = uuid.uuid4().hex
-    if not await redis.set(keys.LAYOUT_LOCK, token, nx=True, px=int(lock_seconds * 1000)):
-        raise Mismatch(f"another migration is running ({keys.LAYOUT_LOCK} is held); try again later")
-    renewal = asyncio.create_task(_renew(redis, token, lock_seconds))
+    if not await redis.set(key, token, nx=True, px=int(lock_seconds * 1000)):
+        raise Mismatch(busy or f"another migration is running ({key} is held); try again later")
+    renewal = asyncio.create_task(_renew(redis, key, token, lock_seconds))
     try:
         yield token
     finally:
         renewal.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await renewal
-        await _release(redis, token)
+        await _release(redis, key, token)
 
 
 async def _raise_version(redis: Client, token: str, version: int) -> int:
@@ -296,22 +299,22 @@ async def _raise_version(redis: Client, token: str, version: int) -> int:
     return version
 
 
-async def _renew(redis: Client, token: str, seconds: float) -> None:
+async def _renew(redis: Client, key: str, token: str, seconds: float) -> None:
     while True:
         await asyncio.sleep(seconds / 3)
         with contextlib.suppress(Exception):  # a failed renewal shows when the version is raised
-            held = await redis.get(keys.LAYOUT_LOCK)
+            held = await redis.get(key)
             if (held.decode() if isinstance(held, bytes) else held) == token:
-                await redis.pexpire(keys.LAYOUT_LOCK, int(seconds * 1000))
+                await redis.pexpire(key, int(seconds * 1000))
 
 
-async def _release(redis: Client, token: str) -> None:
+async def _release(redis: Client, key: str, token: str) -> None:
     """Delete the lock if it is still ours."""
     with contextlib.suppress(Exception):  # it expires anyway
         async with redis.pipeline(transaction=True) as pipe:
-            await pipe.watch(keys.LAYOUT_LOCK)
-            held = await pipe.get(keys.LAYOUT_LOCK)
+            await pipe.watch(key)
+            held = await pipe.get(key)
             if (held.decode() if isinstance(held, bytes) else held) == token:
                 pipe.multi()
-                pipe.delete(keys.LAYOUT_LOCK)
+                pipe.delete(key)
                 await pipe.execute()

@@ -73,6 +73,7 @@ async def migrate(
     build: Build | None = None,
     wait_seconds: float = SWITCH_WAIT_SECONDS,
     lock_seconds: float = layout.LOCK_SECONDS,
+    lease_seconds: float = fleet.LEASE_SECONDS,
 ) -> int:
     """Run what is due (module docstring); ``say`` reports each move. Returns the layout
     written now. ``build``: this one's layouts (tests describe others)."""
@@ -89,7 +90,7 @@ async def migrate(
     if oldest == found == build.current:
         say(f"layout v{found} is current")
         return found
-    async with layout.locked(redis, lock_seconds):
+    async with layout.locked(redis, lock_seconds) as token:
         found = await layout.stamp(redis, build.current)  # again, under the lock
         oldest = await layout.oldest_held(redis, found)
         for version in range(found, build.current):
@@ -102,16 +103,16 @@ async def migrate(
             return found
         while True:
             if oldest < found:  # switched: wait for every member, then rewrite what is left
-                await _wait_switched(redis, found, say, wait_seconds)
+                await _wait_switched(redis, found, say, wait_seconds, lease_seconds)
                 for version in range(oldest, found):
                     contract = build.change(version).contract
                     say(f"layout v{version} -> v{version + 1}, contract: {layout.summary(contract)}")
                     await contract(redis)
-                await redis.delete(keys.LAYOUT_OLDEST)
+                await fleet.switch(redis, found, found, token)  # no layout older than `found` left
                 oldest = found
             if found >= build.current:
                 break
-            await fleet.switch(redis, found, found + 1)
+            await fleet.switch(redis, found, found + 1, token)
             say(f"layout v{found} -> v{found + 1}: switched: v{found + 1} is written from now on")
             found, oldest = found + 1, found
     say(f"layout v{found} is current")
@@ -133,25 +134,37 @@ def _pending(found: int, oldest: int, current: int) -> str:
     return f"layout v{found} is written, data of v{oldest} remains: run `durable-streams migrate --finish`"
 
 
-async def _wait_switched(redis: Client, version: int, say: Callable[[str], None], seconds: float) -> None:
-    """Until every live member writes ``version`` (they learn it at their next renewal), or
-    Mismatch after ``seconds``: the contract must not rewrite data a member still writes the
-    old way."""
+async def _wait_switched(
+    redis: Client, version: int, say: Callable[[str], None], seconds: float, lease_seconds: float
+) -> None:
+    """Until every live member writes ``version`` (they learn it at their next renewal) and a
+    whole lease has passed (a member whose lease ended unseen, paused or cut off, stops
+    writing by then: ``Membership.writing``), or Mismatch after ``seconds``: the contract must
+    not rewrite data a member still writes the old way. Redis must still hold ``version``
+    (a failover may have lost the switch)."""
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + seconds
+    started = loop.time()
     told = False
     while True:
+        held = await redis.get(keys.LAYOUT)
+        if held is None or int(held) != version:
+            raise Mismatch(
+                f"Redis holds key layout {held!r}, not v{version}, after the switch (a failover that "
+                "lost it?): run `durable-streams migrate --finish` again"
+            )
         behind = [m for m in await fleet.members(redis) if m.writes < version]
-        if not behind:
+        waited = loop.time() - started
+        if not behind and waited >= lease_seconds:
             return
-        if loop.time() >= deadline:
+        if waited >= max(seconds, lease_seconds):
             raise Mismatch(
                 f"{len(behind)} live process(es) still write layout v{behind[0].writes} "
-                f"after {seconds:.0f} s: "
+                f"after {waited:.0f} s: "
                 + "; ".join(m.describe() for m in behind)
                 + ": see why (or stop them), then run `durable-streams migrate --finish` again"
             )
         if not told:
-            say(f"waiting for {len(behind)} process(es) to write layout v{version} (at their next renewal)")
+            who = f"{len(behind)} process(es) to write layout v{version} (at their next renewal)"
+            say(f"waiting for {who} and a lease ({lease_seconds:.0f} s)")
             told = True
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(min(0.5, lease_seconds / 4))

@@ -34,7 +34,7 @@ from ..redis_io.routing import ClusterRoute, DirectRoute, Route
 from ..redis_io.scripts import Scripts, timed
 
 _UNLIMITED = 2**50
-FILE_RETRIES = 8  # archive files found replaced, in a row, before a read answers 503
+FILE_RETRIES = 8  # archive files found replaced in a row (one range) before a read answers 503
 
 
 def _as_sent(response: Any, **options: Any) -> Any:
@@ -282,6 +282,7 @@ class Reads:
                     if retries > 1:
                         await asyncio.sleep(min(0.4, 0.025 * 2**retries))
                     continue
+                retries = 0  # (in a row: a long read over many files may meet several merges)
             else:
                 got = hot
             if not got:
