@@ -18,14 +18,13 @@ if layout == 0 or oldest < tonumber(ARGV[3]) or layout > tonumber(ARGV[4]) then
   redis.call('HDEL', KEYS[3], ARGV[1])
   return {'refused', layout, oldest}
 end
-local now = redis.call('TIME')
-local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+local now = now_ms()  -- (_prelude.lua)
 local some = redis.call('HRANDFIELD', KEYS[3], 3, 'WITHVALUES')
 for i = 1, #some, 2 do
-  if cjson.decode(some[i + 1])['until'] < now_ms then redis.call('HDEL', KEYS[3], some[i]) end
+  if cjson.decode(some[i + 1])['until'] < now then redis.call('HDEL', KEYS[3], some[i]) end
 end
 local record = cjson.decode(ARGV[2])
-record['until'] = now_ms + tonumber(ARGV[6])
+record['until'] = now + tonumber(ARGV[6])
 -- What it writes from this reply on: never above what Redis holds (a failover that lost the
 -- switch sends it back), 0 (a first join) what Redis holds.
 local writes = tonumber(ARGV[5])

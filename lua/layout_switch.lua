@@ -16,13 +16,12 @@ if ARGV[1] == ARGV[2] then  -- the contract ran: no older layout is left in the 
   return {'ok'}
 end
 if layout ~= tonumber(ARGV[1]) then return {'moved', layout} end
-local now = redis.call('TIME')
-local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+local now = now_ms()  -- (_prelude.lua)
 local behind = {'behind'}
 local members = redis.call('HGETALL', KEYS[3])
 for i = 1, #members, 2 do
   local record = cjson.decode(members[i + 1])
-  if record['until'] < now_ms then
+  if record['until'] < now then
     redis.call('HDEL', KEYS[3], members[i])
   elseif record['reads'][2] < tonumber(ARGV[2]) then
     behind[#behind + 1] = members[i + 1]

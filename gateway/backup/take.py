@@ -29,8 +29,8 @@ from typing import Any
 
 from ..archive.segments import Segment
 from ..protocol.models import Meta, text
-from ..redis_io import keys
-from ..redis_io.connections import Client, every_node, scan_pages
+from ..redis_io import durability, keys
+from ..redis_io.connections import Client, every_node, scan_pages, server_ms
 from ..redis_io.contracts import BACKUP_KEYS, BackupKeysArgv, KeyDumped
 from ..redis_io.scripts import Scripts
 from ..streams.reads import Reads
@@ -186,18 +186,14 @@ async def _listed(redis: Client, found: dict[bytes, plan.Listed]) -> dict[str, l
 
 async def bulk_limit(redis: Client) -> int | None:
     """The largest value a RESTORE may carry (``proto-max-bulk-len``; the smallest of a Cluster's
-    primaries); None where CONFIG is not allowed (managed services)."""
-    limits = []
-    for target in await every_node(redis):
-        try:
-            found: Any = await redis.config_get("proto-max-bulk-len", **target)
-        except Exception:  # noqa: BLE001 (refused by an ACL or a managed service: not known)
-            return None
-        if "proto-max-bulk-len" not in found and found:  # (RedisCluster: {node: reply})
-            (found,) = found.values()
-        if found.get("proto-max-bulk-len") is None:
-            return None
-        limits.append(int(found["proto-max-bulk-len"]))
+    nodes); None where CONFIG is not allowed (managed services)."""
+    try:
+        found = await durability.node_config(redis, "proto-max-bulk-len")
+    except Exception:  # noqa: BLE001 (refused by an ACL or a managed service: not known)
+        return None
+    limits = [int(config["proto-max-bulk-len"]) for _, config in found if "proto-max-bulk-len" in config]
+    if len(limits) < len(found):
+        return None
     return min(limits) if limits else None
 
 
@@ -213,11 +209,7 @@ async def redis_version(redis: Client, **target: Any) -> str | None:
 async def _server(redis: Client, cluster: bool) -> tuple[int, str | None]:
     """The server's clock (ms) and Redis version (of a primary, on a Cluster)."""
     target = (await every_node(redis))[0] if cluster else {}
-    now = await redis.time(**target)
-    if isinstance(now, dict):  # (RedisCluster: {node: reply})
-        now = next(iter(now.values()))
-    seconds, micros = now
-    return int(seconds) * 1000 + int(micros) // 1000, await redis_version(redis, **target)
+    return await server_ms(redis, **target), await redis_version(redis, **target)
 
 
 async def take_backup(

@@ -292,6 +292,16 @@ async def scan_pages(
                 break
 
 
+async def server_ms(redis: Client, **target: Any) -> int:
+    """Redis' clock in ms (of ``target_nodes`` if given): leases and backups go by it, not by
+    this host's, which may be off."""
+    found: Any = await redis.time(**target)
+    if isinstance(found, dict):  # (RedisCluster: {node: reply})
+        found = next(iter(found.values()))
+    seconds, micros = found
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
 async def every_node(redis: Client, *, replicas: bool = False) -> list[dict[str, Any]]:
     """The ``target_nodes`` arguments that visit every primary (and every replica, with
     ``replicas``) of a cluster, one after the other; ``[{}]`` on a single Redis."""

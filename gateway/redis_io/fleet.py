@@ -42,7 +42,7 @@ from redis.asyncio import RedisCluster
 from .. import __version__
 from ..protocol.models import text
 from . import keys, layout
-from .connections import Client
+from .connections import Client, server_ms
 from .contracts import FLEET_JOIN, LAYOUT_SWITCH, FleetJoinArgv, FleetJoined, LayoutBehind, LayoutSwitchArgv
 from .lua import source
 
@@ -205,20 +205,11 @@ class Membership:
             await self.redis.hdel(keys.FLEET, self.id)
 
 
-async def redis_now_ms(redis: Client) -> int:
-    """Redis' clock (the leases' end is Redis' time: another host's clock may be off)."""
-    found: Any = await redis.time()
-    if isinstance(found, dict):  # (RedisCluster: {node: reply})
-        found = next(iter(found.values()))
-    seconds, micros = found
-    return int(seconds) * 1000 + int(micros) // 1000
-
-
 async def members(redis: Client) -> list[Member]:
     """The live members, oldest lease first; records of ended leases are left for joins and
     the next switch to drop."""
     found = await redis.hgetall(keys.FLEET)
-    now_ms = await redis_now_ms(redis)
+    now_ms = await server_ms(redis)
     live = [Member.of(text(k), v) for k, v in found.items()]
     return sorted((m for m in live if m.until_ms >= now_ms), key=lambda m: m.until_ms)
 
