@@ -8,7 +8,9 @@ testcontainers Redis when a Docker engine answers. No fakes.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -32,6 +34,7 @@ from gateway.http.app import create_app
 from gateway.redis_io import keys, layout
 
 from .cluster import Cluster, cluster_unavailable, start_cluster
+from .watchdog import pytest_runtest_protocol, remembered_loop  # noqa: F401  (registered as hook and fixture)
 
 # Gateways the tests stop with SIGTERM stop at once rather than serving on for the rolling-
 # update delay (5 s each): tests/test_rolling_update.py sets and checks the delay itself.
@@ -302,3 +305,26 @@ def s3_url(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=bucket)
     yield f"s3://{bucket}/streams"
     server.stop()
+
+
+# The official npm packages (tests/ecosystem/package.json): test_ecosystem.py, test_compaction_rules.py.
+ECOSYSTEM = Path(__file__).resolve().parent / "ecosystem"
+NPM_INSTALL_TIMEOUT = 300
+
+
+@pytest.fixture(scope="session")
+def node() -> str:
+    """The node binary, with the npm project installed (``npm ci``: exactly the committed lock)."""
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if node is None or npm is None:
+        pytest.skip("needs node and npm (Node 18+) to run the official npm packages")
+    lock = (ECOSYSTEM / "package-lock.json").read_bytes()
+    stamp = ECOSYSTEM / "node_modules" / ".installed-lock-sha256"
+    digest = hashlib.sha256(lock).hexdigest()
+    if not stamp.exists() or stamp.read_text() != digest:
+        subprocess.run(
+            [npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"],
+            cwd=ECOSYSTEM, check=True, timeout=NPM_INSTALL_TIMEOUT,
+        )  # fmt: skip
+        stamp.write_text(digest)
+    return node

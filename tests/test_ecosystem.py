@@ -20,41 +20,17 @@ Run one scenario by hand against any server: ``node tests/ecosystem/yjs.mjs http
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
-import shutil
 import subprocess
 import threading
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from .conftest import gateway_process
-
-ECOSYSTEM = Path(__file__).resolve().parent / "ecosystem"
-NPM_INSTALL_TIMEOUT = 300
-
-
-@pytest.fixture(scope="session")
-def node() -> str:
-    """The node binary, with the npm project installed (``npm ci``: exactly the committed lock)."""
-    node, npm = shutil.which("node"), shutil.which("npm")
-    if node is None or npm is None:
-        pytest.skip("needs node and npm (Node 18+) to run the official npm packages")
-    lock = (ECOSYSTEM / "package-lock.json").read_bytes()
-    stamp = ECOSYSTEM / "node_modules" / ".installed-lock-sha256"
-    digest = hashlib.sha256(lock).hexdigest()
-    if not stamp.exists() or stamp.read_text() != digest:
-        subprocess.run(
-            [npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"],
-            cwd=ECOSYSTEM, check=True, timeout=NPM_INSTALL_TIMEOUT,
-        )  # fmt: skip
-        stamp.write_text(digest)
-    return node
+from .conftest import ECOSYSTEM, gateway_process
 
 
 @pytest.fixture(scope="module")

@@ -383,3 +383,36 @@ async def test_a_failure_inside_routing_does_not_end_it(
             await confirmed(watch)
             await append_reaches(publisher, later, watch, 0)
         assert fanout._task is not None and not fanout._task.done(), "the routing task ended"
+
+
+@pytest.mark.parametrize("answers", [False, True], ids=["then-fails", "then-answers"])
+async def test_closing_while_redis_py_swallows_the_cancellation(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch, answers: bool
+) -> None:
+    """The fan-out is closed while it refreshes the slot map, and redis-py loses the
+    cancellation (its clean-up raised an error of its own instead, or it went on to
+    another node and answered): closing still ends it, promptly. It once looped for ever
+    (Python 3.11's timeouts then took every expiry for the lost cancellation's), and the
+    test run with it (gateway/concurrency/cancelling.py)."""
+    refreshing = asyncio.Event()
+
+    async def swallowing(self: object, *args: object, **kwargs: object) -> None:
+        refreshing.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            if not answers:
+                raise ConnectionError("disconnecting failed") from None
+
+    fanout = Fanout(RedisCluster.from_url(cluster.seed_url))
+    await fanout.start()
+    async with fanout.watch(sid_on(cluster, cluster.primaries[0], "swallow")) as watch:
+        await confirmed(watch)  # routed: the refreshes from here on are patched
+    monkeypatch.setattr(type(fanout._redis.nodes_manager), "initialize", swallowing)
+    fanout._subscriber._stale.set()  # as a MOVED or a lost node would
+    await asyncio.wait_for(refreshing.wait(), WAKE_SECONDS)
+    closing = asyncio.create_task(fanout.close())
+    done, _ = await asyncio.wait({closing}, timeout=WAKE_SECONDS)
+    assert done, "the fan-out did not close (its task is left running: it cannot be stopped)"
+    await closing
+    assert fanout._task is not None and fanout._task.cancelled()

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.concurrency.cancelling import raise_if_cancelled
 from gateway.redis_io import keys
 from gateway.redis_io.connections import Client
 from gateway.redis_io.contracts import ARCHIVE_LEASE, SCRIPTS, status_of
@@ -113,6 +114,7 @@ class Leases:
             try:
                 result = await self.call(ARCHIVE_LEASE.name, lease, int(lease.seconds * 1000))
             except Exception as error:  # Redis unreachable: try again until the lease runs out
+                raise_if_cancelled()  # stopping, the CancelledError lost in a library
                 log.warning("renewing the lease of %s failed: %s", keys.path_of(lease.sid), error)
                 continue
             if status_of(result) != "ok":

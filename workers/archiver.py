@@ -64,6 +64,7 @@ from gateway.archive.files import Archive
 from gateway.archive.schema import Row
 from gateway.archive.segments import GARBAGE, PENDING, Segment, file_name, utc_date
 from gateway.concurrency import backoff
+from gateway.concurrency.cancelling import raise_if_cancelled
 from gateway.config import Settings
 from gateway.protocol import offsets
 from gateway.protocol.models import text
@@ -197,6 +198,7 @@ class Archiver:
                 busy = await self.work_once()
                 failures = 0
             except Exception as exc:
+                raise_if_cancelled()  # stopping, the CancelledError lost in a library
                 busy = 0
                 pause = max(pause, backoff.delay(failures))
                 failures += 1

@@ -36,6 +36,7 @@ from redis.asyncio import Redis
 from gateway.archive.cold import ColdReader
 from gateway.archive.files import Archive
 from gateway.concurrency import backoff
+from gateway.concurrency.cancelling import raise_if_cancelled
 from gateway.config import Settings
 from gateway.features.subscriptions import Subscriptions
 from gateway.protocol.models import text
@@ -115,6 +116,7 @@ class Delivery:
                 failures = 0
                 pause = self.settings.deliver_poll_seconds
             except Exception as exc:
+                raise_if_cancelled()  # stopping, the CancelledError lost in a library
                 if not isinstance(exc, UNAVAILABLE):
                     log.exception("delivery pass failed")
                 else:
@@ -179,6 +181,7 @@ class Delivery:
                             self.dirty.add(text(message["data"]))
                             self.wake.set()
             except Exception as exc:
+                raise_if_cancelled()  # stopping, the CancelledError lost in a library
                 limited.log(logging.WARNING, "listen", "wake channel lost (%s); polling meanwhile", exc)
                 await asyncio.sleep(backoff.delay(failures))
                 failures += 1
@@ -195,6 +198,7 @@ class Delivery:
             try:
                 await self.sweep_once()
             except Exception as exc:
+                raise_if_cancelled()  # stopping, the CancelledError lost in a library
                 limited.log(logging.WARNING, "sweep", "outbox sweep failed (%s); will retry", exc)
 
     async def sweep_once(self) -> None:

@@ -36,6 +36,7 @@ from typing import Any
 
 from redis.asyncio import RedisCluster
 
+from ..concurrency.cancelling import raise_if_cancelled
 from ..config import memory_mark
 from ..protocol.errors import ProtocolError
 from ..redis_io import keys
@@ -240,6 +241,7 @@ class WritePause:
             try:
                 await self.poll()
             except Exception as exc:  # a bug, an odd reply: logged; the loop goes on
+                raise_if_cancelled()  # stopping, the CancelledError lost in a library
                 limited.log(logging.ERROR, "poll", "write backpressure: poll failed", exc_info=exc)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), self.interval)

@@ -27,6 +27,7 @@ from collections.abc import Mapping
 
 from redis.asyncio import RedisCluster
 
+from ..concurrency.cancelling import raise_if_cancelled
 from ..redis_io import keys
 from ..redis_io.connections import Client
 
@@ -110,6 +111,7 @@ class Hints:
                 return  # no worker to read them; the first to start reconciles
             await add_hints(self.redis, self.hint_keys, dict.fromkeys(marked, now), nx=True)
         except Exception as exc:  # Redis away: keep the marks for the next round
+            raise_if_cancelled()  # stopping, the CancelledError lost in a library
             self._marked |= marked
             log.debug("archive hints not sent: %s", exc)
 

@@ -27,6 +27,7 @@ from typing import Any
 
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS
 
+from ..concurrency.cancelling import raise_if_cancelled
 from ..protocol.errors import ProtocolError
 from ..protocol.listing import Position, decode_cursor, encode_cursor
 from ..protocol.models import Meta, text
@@ -219,6 +220,7 @@ class IndexSweep:
             try:
                 await self.once()
             except Exception as exc:  # Redis away: the next round tries again
+                raise_if_cancelled()  # stopping, the CancelledError lost in a library
                 limited.log(logging.WARNING, "sweep", "stream index sweep: %s", exc)
 
     async def once(self) -> bool:

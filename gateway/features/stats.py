@@ -50,6 +50,7 @@ from typing import Any
 
 from redis.asyncio.client import Pipeline
 
+from ..concurrency.cancelling import raise_if_cancelled
 from ..protocol.models import text
 from ..redis_io import keys
 from ..redis_io.connections import NotSent
@@ -349,6 +350,7 @@ class Recorder:
                 try:
                     await self.tick()
                 except Exception as exc:
+                    raise_if_cancelled()  # stopping, the CancelledError lost in a library
                     _failed("not recorded", exc)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), self.interval)

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 from redis.exceptions import AuthenticationError, AuthorizationError, ResponseError
 
 from ..concurrency import backoff
+from ..concurrency.cancelling import cancel_requested
 from ..protocol import notices
 from ..telemetry import metrics
 from ..telemetry.logs import RateLimited
@@ -307,6 +308,15 @@ class Listener:
         self._unsent = set(self.channels)
         self._leaving = []
 
+    async def _stopped(self, connection: AbstractConnection | None) -> None:
+        """Cancelled: nothing is subscribed any more, and no reader may think otherwise."""
+        self._lost()
+        _DOWN.discard(self)  # gone (shut down, or its node left the cluster): not down
+        _report()
+        if connection is not None:
+            with contextlib.suppress(Exception):
+                await connection.disconnect(nowait=True)
+
     async def run(self) -> None:
         """Connect, serve, and after a failure reconnect, until cancelled."""
         loop = asyncio.get_running_loop()
@@ -330,14 +340,12 @@ class Listener:
                 _report()
                 await self._listen(connection)
             except asyncio.CancelledError:
-                self._lost()  # nothing is subscribed any more: no reader may think otherwise
-                _DOWN.discard(self)  # gone (shut down, or its node left the cluster): not down
-                _report()
-                if connection is not None:
-                    with contextlib.suppress(Exception):
-                        await connection.disconnect(nowait=True)
+                await self._stopped(connection)
                 raise
             except Exception as exc:
+                if cancel_requested():  # the cancellation, turned into an error inside redis-py
+                    await self._stopped(connection)
+                    raise asyncio.CancelledError from exc
                 error = exc
             if connection is not None:
                 with contextlib.suppress(Exception):

@@ -39,6 +39,7 @@ from redis.cluster import PRIMARY
 from redis.exceptions import SlotNotCoveredError
 
 from ..concurrency import backoff
+from ..concurrency.cancelling import raise_if_cancelled
 from ..telemetry.logs import RateLimited
 from .channels import Channel
 from .listener import UNREACHABLE
@@ -174,6 +175,7 @@ class Shards:
                     await self._cluster.initialize()
                 return
             except Exception as exc:
+                raise_if_cancelled()  # closing, the cancellation lost inside redis-py
                 seconds = backoff.delay(failures, first=UNREACHABLE[0], cap=UNREACHABLE[1])
                 failures += 1
                 message = "redis cluster not reachable (%r); retrying in %.2fs"
@@ -193,6 +195,7 @@ class Shards:
             async with asyncio.timeout(self._health):
                 await self._cluster.nodes_manager.initialize()
         except Exception as exc:
+            raise_if_cancelled()  # closing, the cancellation lost inside redis-py
             limited.log(logging.WARNING, "refresh", "redis cluster slot map not refreshed (%r)", exc)
             return False
         return True
@@ -212,6 +215,7 @@ class Shards:
             self._ready = True
             self._reroute_or_retry()
             while True:
+                raise_if_cancelled()  # redis-py may have answered all the same: see cancelling.py
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(_CHECK_SECONDS):
                         await self._stale.wait()

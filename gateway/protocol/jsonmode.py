@@ -117,6 +117,15 @@ def to_array(messages: Iterable[bytes]) -> bytes:
     return b"[" + b",".join(messages) + b"]"
 
 
+def stored_value(message: bytes) -> object:
+    """A stored message's value, exact for integers past 64 bits (as _dumps writes them);
+    None for what does not parse (stored messages are valid JSON: not reached)."""
+    try:
+        return _loads(message)
+    except ProtocolError:
+        return None
+
+
 def with_offset(position: int, message: bytes) -> bytes:
     """A message as reads send it: a State Protocol event (an object whose ``headers``
     has a string ``operation`` or ``control``, see @durable-streams/state) gets
@@ -124,10 +133,7 @@ def with_offset(position: int, message: bytes) -> bytes:
     it), as the reference server adds on every read; anything else goes unchanged."""
     if b'"headers"' not in message or message[:1] != b"{":  # most messages: one substring search
         return message
-    try:
-        value = _loads(message)  # exact for integers past 64 bits, as _dumps is
-    except ProtocolError:  # stored messages are valid JSON: not reached
-        return message
+    value = stored_value(message)
     headers = value.get("headers") if isinstance(value, dict) else None
     if not isinstance(headers, dict):
         return message

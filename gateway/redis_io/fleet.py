@@ -40,6 +40,7 @@ import orjson
 from redis.asyncio import RedisCluster
 
 from .. import __version__
+from ..concurrency.cancelling import raise_if_cancelled
 from ..protocol.models import text
 from . import keys, layout
 from .connections import Client, server_ms
@@ -179,6 +180,7 @@ class Membership:
                 on_refusal(str(exc))
                 return
             except Exception as exc:  # unreachable, a failover, ...: the next turn
+                raise_if_cancelled()  # stopping, the CancelledError lost in a library
                 log.debug("fleet lease not renewed: %s", exc)
 
     @contextlib.asynccontextmanager

@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable
 from redis.exceptions import RedisError
 
 from ..concurrency import backoff
+from ..concurrency.cancelling import raise_if_cancelled
 from . import durability, layout
 from .connections import Client, general
 from .fleet import Membership
@@ -79,6 +80,7 @@ class Preflight:
             self.refusal = str(exc)
             raise
         except Exception as exc:  # unreachable, loading, a failover, ...: try again
+            raise_if_cancelled()  # stopping, the CancelledError lost in a library
             self.problem = reason(exc)
             return False
         self.ready = True

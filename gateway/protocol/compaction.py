@@ -1,0 +1,185 @@
+"""Compaction of State Protocol streams: which messages a compaction keeps (docs/compaction.md).
+
+A stream created with ``Stream-Compaction: state`` holds State Protocol messages
+(``@durable-streams/state``): change events ``{type, key, value, headers: {operation}}``
+and control events ``{headers: {control}}``. The package's two materializers differ:
+MaterializedState *replaces* a row on every write, createStreamDB (TanStack DB)
+*merges* a write's fields into the row it has. So a write is redundant only once the
+writes after it (up to the key's next delete) set every top-level field it sets; a
+``delete`` makes every earlier event of its key redundant. Folding keeps:
+
+- each key's writes that later writes do not cover (writers of whole rows: the newest; a
+  value that is no object is covered only by another such value or a delete);
+- a ``delete`` until the tombstone retention has passed since it was folded, even if
+  the key was written again (a resuming StreamDB must remove the row before it merges
+  again);
+- the newest ``reset``, and nothing before it but the messages that are no State event
+  and an unclosed ``snapshot-start`` (so no reader sees an end without its start);
+- every snapshot marker after the newest reset;
+- every message that is not a State event.
+
+These are plain functions on ``(position, appended ms, message)`` triples: the worker
+folds the stored messages older than the compaction lag through ``Retained.fold`` in
+steps, remembering between steps what is kept (``Retained``); ``compact`` folds a whole
+history at once (the tests' and the benchmark's reference).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from .jsonmode import stored_value
+
+OPERATIONS = frozenset({"insert", "update", "upsert", "delete"})
+CONTROLS = frozenset({"snapshot-start", "snapshot-end", "reset"})
+
+Message = tuple[int, int, bytes]  # (position, appended ms since the epoch, the message's JSON)
+EVERY_FIELD = None  # the fields a write of a value that is no object covers: the whole row
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    type: str
+    key: str
+    operation: str
+    fields: frozenset[str] | None = frozenset()  # top-level fields of the value (None: no object)
+
+
+@dataclass(frozen=True, slots=True)
+class Control:
+    control: str
+
+
+def classify(message: bytes) -> Change | Control | None:
+    """A stored message as a State event, or None: it is none (kept as it is).
+
+    As the package's ``isChangeEvent``, a message whose ``headers`` has an ``operation``
+    is a change event whatever its ``control``: one this cannot compact (an unknown
+    operation, a ``type`` or ``key`` that is not a non-empty string) is None, never a
+    control event."""
+    if message[:1] != b"{" or b'"headers"' not in message:  # most non-State messages: no parse
+        return None
+    value = stored_value(message)
+    if not isinstance(value, dict):
+        return None
+    headers = value.get("headers")
+    if not isinstance(headers, dict):
+        return None
+    if "operation" in headers:
+        operation, kind, key = headers["operation"], value.get("type"), value.get("key")
+        if operation not in OPERATIONS or not (
+            isinstance(kind, str) and kind and isinstance(key, str) and key
+        ):
+            return None
+        row = value.get("value")
+        fields = frozenset(row) if isinstance(row, dict) else EVERY_FIELD
+        return Change(kind, key, operation, frozenset() if operation == "delete" else fields)
+    control = headers.get("control")
+    return Control(control) if control in CONTROLS else None
+
+
+@dataclass(slots=True)
+class Key:
+    """What is kept of one ``(type, key)``."""
+
+    # its writes since its newest delete, in order, with the fields each sets (None: a value
+    # that is no object, which replaces the row for either materializer)
+    writes: list[tuple[int, frozenset[str] | None]] = field(default_factory=list)
+    tombstone: tuple[int, int] | None = None  # (position, ms when folded) of its newest delete
+
+    def positions(self) -> list[int]:
+        kept = [position for position, _ in self.writes]
+        return kept if self.tombstone is None else [self.tombstone[0], *kept]
+
+    def write(self, position: int, fields: frozenset[str] | None) -> list[int]:
+        """A new write: the earlier writes it makes redundant (every field each sets is set
+        again since; a value that is no object only by another such value)."""
+        covered: set[str] | None = None if fields is EVERY_FIELD else set(fields)
+        kept: list[tuple[int, frozenset[str] | None]] = []
+        dropped = []
+        for earlier, earlier_fields in reversed(self.writes):
+            if covered is None or (earlier_fields is not None and earlier_fields <= covered):
+                dropped.append(earlier)
+            else:
+                kept.append((earlier, earlier_fields))
+                covered = None if earlier_fields is None else covered | earlier_fields
+        kept.reverse()
+        kept.append((position, fields))
+        self.writes = kept
+        return dropped
+
+    def delete(self, position: int, now_ms: int) -> list[int]:
+        dropped = self.positions()
+        self.writes, self.tombstone = [], (position, now_ms)
+        return dropped
+
+
+@dataclass
+class Retained:
+    """What the folded part of a stream keeps that a later message can drop."""
+
+    keys: dict[tuple[str, str], Key] = field(default_factory=dict)
+    markers: list[int] = field(default_factory=list)  # snapshot markers since the newest reset
+    open_start: int | None = None  # a snapshot-start whose end has not come yet
+    reset: int | None = None  # the newest reset
+
+    def fold(self, messages: Iterable[Message], now_ms: int) -> list[int]:
+        """Take the next messages (in stream order) at ``now_ms``: the positions of earlier
+        kept messages (and of these) that they make redundant, in no particular order."""
+        dropped: list[int] = []
+        for position, _appended_ms, message in messages:
+            event = classify(message)
+            if isinstance(event, Change):
+                key = self.keys.setdefault((event.type, event.key), Key())
+                if event.operation == "delete":
+                    dropped += key.delete(position, now_ms)
+                else:
+                    dropped += key.write(position, event.fields)
+            elif isinstance(event, Control):
+                dropped += self._control(position, event.control)
+        return dropped
+
+    def _control(self, position: int, control: str) -> list[int]:
+        if control == "snapshot-start":
+            self.markers.append(position)
+            self.open_start = position
+            return []
+        if control == "snapshot-end":
+            self.markers.append(position)
+            self.open_start = None
+            return []
+        # reset: nothing before it counts any more, but a snapshot still open
+        dropped = [position for key in self.keys.values() for position in key.positions()]
+        dropped += [marker for marker in self.markers if marker != self.open_start]
+        if self.reset is not None:
+            dropped.append(self.reset)
+        self.keys.clear()
+        self.markers = [] if self.open_start is None else [self.open_start]
+        self.reset = position
+        return dropped
+
+    def expired_tombstones(self, folded_before_ms: int) -> list[int]:
+        """Drop the deletes folded before ``folded_before_ms`` (the tombstone retention has
+        passed since): a reader behind one since would keep its row (docs/compaction.md)."""
+        dropped = []
+        for name, key in list(self.keys.items()):
+            if key.tombstone is not None and key.tombstone[1] < folded_before_ms:
+                dropped.append(key.tombstone[0])
+                key.tombstone = None
+                if not key.writes:
+                    del self.keys[name]
+        return dropped
+
+
+def compact(
+    messages: Iterable[Message], horizon: int, now_ms: int = 0, tombstones_before_ms: int | None = None
+) -> list[Message]:
+    """A whole history compacted at ``now_ms``: the messages before ``horizon`` folded
+    (then the tombstones folded before ``tombstones_before_ms`` dropped), the rest kept."""
+    history = list(messages)
+    retained = Retained()
+    dropped = set(retained.fold((m for m in history if m[0] < horizon), now_ms))
+    if tombstones_before_ms is not None:
+        dropped.update(retained.expired_tombstones(tombstones_before_ms))
+    return [m for m in history if m[0] not in dropped]
