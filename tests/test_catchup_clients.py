@@ -41,8 +41,8 @@ from gateway.archive.files import Archive
 from gateway.redis_io import keys
 from workers.archiver import Archiver, Policy
 
-from .conftest import gateway_process
-from .test_ecosystem import ECOSYSTEM, _tail, node  # noqa: F401  (node: the fixture, npm ci included)
+from .conftest import ECOSYSTEM, gateway_process  # conftest has the `node` fixture (npm ci included)
+from .test_ecosystem import _tail
 
 MESSAGES = 100_000
 MESSAGES_PER_POST = 10_000
