@@ -85,25 +85,25 @@ def test_classify() -> None:
     assert classify(huge) == Change("user", "1", "insert", frozenset({"n"}))  # parsed exactly, as reads do
 
 
-def change(pos: int, key: str, op: str, value: Any = None) -> tuple[int, int, bytes]:
+def change(pos: int, key: str, op: str, value: Any = None) -> tuple[int, bytes]:
     event = {"type": "user", "key": key, "headers": {"operation": op}}
     if op != "delete":
         event["value"] = {"v": pos} if value is None else value
-    return (pos, pos, encode(event))
+    return (pos, encode(event))
 
 
-def control(pos: int, name: str) -> tuple[int, int, bytes]:
-    return (pos, pos, encode({"headers": {"control": name}}))
+def control(pos: int, name: str) -> tuple[int, bytes]:
+    return (pos, encode({"headers": {"control": name}}))
 
 
-def kept(messages: list[tuple[int, int, bytes]]) -> list[int]:
+def kept(messages: list[tuple[int, bytes]]) -> list[int]:
     return [m[0] for m in messages]
 
 
 def test_what_a_fold_keeps() -> None:
     history = [
         change(1, "a", "insert"), change(2, "b", "insert"), change(3, "a", "update"),  # a@1 goes
-        (4, 4, b'{"note":1}'),  # no State event: kept, even before a reset
+        (4, b'{"note":1}'),  # no State event: kept, even before a reset
         change(5, "b", "delete"),  # b's tombstone: b@2 goes
         control(6, "snapshot-start"), change(7, "c", "upsert"), control(8, "snapshot-end"),
         control(9, "snapshot-start"),  # still open at the reset: kept
@@ -222,7 +222,7 @@ def versions(history: list[bytes], runs: list[Run]) -> list[Version]:
     retained, dropped, expired, folded = Retained(), set(), {}, 0
     out = []
     for run in runs:
-        dropped.update(retained.fold(((i, i, history[i]) for i in range(folded, run.horizon)), run.upto))
+        dropped.update(retained.fold(((i, history[i]) for i in range(folded, run.horizon)), run.upto))
         folded = run.horizon
         if run.tombstones_before is not None:
             for i in retained.expired_tombstones(run.tombstones_before):
@@ -282,7 +282,8 @@ def journeys(rnd: random.Random, history: list[Any], stream: list[Version], coun
     holds a row whose tombstone ahead of it was dropped (the one case it is not promised)."""
     out = []
     for _ in range(count):
-        at, hops, rows = -1, [], model([])  # rows: which rows it holds (either model: the same keys)
+        at, hops = -1, []
+        rows: State = {}  # the rows it holds (either model: the same keys)
         order = [rnd.randrange(len(stream)) for _ in range(rnd.randint(0, 4))] + [len(stream) - 1]
         for n, number in enumerate(order):
             version = stream[number]
@@ -319,7 +320,7 @@ def test_every_reader_ends_with_the_state_of_the_whole_history(seed: int) -> Non
     encoded = [encode(m) for m in history]
     runs = make_runs(rnd, size, tombstones=rnd.random() < 0.5)
     stream = versions(encoded, runs)
-    numbered = [(i, i, m) for i, m in enumerate(encoded)]
+    numbered = list(enumerate(encoded))
     last = runs[-1]
     # Incremental runs keep exactly what one fold of the whole history keeps (tombstones
     # aside: those are timed by the run that folded them) ...

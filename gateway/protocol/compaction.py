@@ -18,7 +18,7 @@ writes after it (up to the key's next delete) set every top-level field it sets;
 - every snapshot marker after the newest reset;
 - every message that is not a State event.
 
-These are plain functions on ``(position, appended ms, message)`` triples: the worker
+These are plain functions on ``(position, message)`` pairs: the worker
 folds the stored messages older than the compaction lag through ``Retained.fold`` in
 steps, remembering between steps what is kept (``Retained``); ``compact`` folds a whole
 history at once (the tests' and the benchmark's reference).
@@ -29,12 +29,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from .jsonmode import stored_value
+from .jsonmode import state_headers
 
 OPERATIONS = frozenset({"insert", "update", "upsert", "delete"})
 CONTROLS = frozenset({"snapshot-start", "snapshot-end", "reset"})
 
-Message = tuple[int, int, bytes]  # (position, appended ms since the epoch, the message's JSON)
+Message = tuple[int, bytes]  # (position, the message's JSON)
 EVERY_FIELD = None  # the fields a write of a value that is no object covers: the whole row
 
 
@@ -58,14 +58,10 @@ def classify(message: bytes) -> Change | Control | None:
     is a change event whatever its ``control``: one this cannot compact (an unknown
     operation, a ``type`` or ``key`` that is not a non-empty string) is None, never a
     control event."""
-    if message[:1] != b"{" or b'"headers"' not in message:  # most non-State messages: no parse
+    parts = state_headers(message)
+    if parts is None:
         return None
-    value = stored_value(message)
-    if not isinstance(value, dict):
-        return None
-    headers = value.get("headers")
-    if not isinstance(headers, dict):
-        return None
+    value, headers = parts
     if "operation" in headers:
         operation, kind, key = headers["operation"], value.get("type"), value.get("key")
         if operation not in OPERATIONS or not (
@@ -128,7 +124,7 @@ class Retained:
         """Take the next messages (in stream order) at ``now_ms``: the positions of earlier
         kept messages (and of these) that they make redundant, in no particular order."""
         dropped: list[int] = []
-        for position, _appended_ms, message in messages:
+        for position, message in messages:
             event = classify(message)
             if isinstance(event, Change):
                 key = self.keys.setdefault((event.type, event.key), Key())

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 import orjson
 
@@ -117,13 +118,20 @@ def to_array(messages: Iterable[bytes]) -> bytes:
     return b"[" + b",".join(messages) + b"]"
 
 
-def stored_value(message: bytes) -> object:
-    """A stored message's value, exact for integers past 64 bits (as _dumps writes them);
-    None for what does not parse (stored messages are valid JSON: not reached)."""
-    try:
-        return _loads(message)
-    except ProtocolError:
+def state_headers(message: bytes) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """A stored message that may be a State Protocol event (@durable-streams/state): its
+    value and its ``headers``, both objects; None for anything else. Most messages are
+    told apart by one substring search, without parsing; parsed exactly for integers past
+    64 bits, as _dumps writes them."""
+    if b'"headers"' not in message or message[:1] != b"{":
         return None
+    try:
+        value = _loads(message)
+    except ProtocolError:  # stored messages are valid JSON: not reached
+        return None
+    if not isinstance(value, dict) or not isinstance(headers := value.get("headers"), dict):
+        return None
+    return value, headers
 
 
 def with_offset(position: int, message: bytes) -> bytes:
@@ -131,12 +139,10 @@ def with_offset(position: int, message: bytes) -> bytes:
     has a string ``operation`` or ``control``, see @durable-streams/state) gets
     ``headers.offset``, the offset right after it (where a reader resumes having applied
     it), as the reference server adds on every read; anything else goes unchanged."""
-    if b'"headers"' not in message or message[:1] != b"{":  # most messages: one substring search
+    parts = state_headers(message)
+    if parts is None:
         return message
-    value = stored_value(message)
-    headers = value.get("headers") if isinstance(value, dict) else None
-    if not isinstance(headers, dict):
-        return message
+    value, headers = parts
     if not isinstance(headers.get("operation"), str) and not isinstance(headers.get("control"), str):
         return message
     headers["offset"] = offsets.encode(position + len(message))
