@@ -479,6 +479,31 @@ class Settings:
         "of it answer 410 (0: keep everything)",
         commands=ARCHIVE,
     )
+    # State compaction (docs/compaction.md): which streams (serve), how (the archive worker)
+    compaction_prefixes: str = setting(
+        "",
+        "comma-separated path prefixes whose JSON streams are created compacted by key "
+        "(Stream-Compaction: state) unless the PUT says Stream-Compaction: none",
+    )
+    compaction_lag_seconds: float = setting(
+        300.0,
+        "messages of a compacted stream younger than this are never compacted (0 allowed)",
+        parse=_number(),
+        commands=ARCHIVE,
+    )
+    compaction_lag_bytes: int = setting(
+        1024 * 1024,
+        "... nor the last this many bytes of it (0 allowed)",
+        parse=_whole(0),
+        commands=ARCHIVE,
+    )
+    compaction_tombstone_seconds: float = setting(
+        86400.0,
+        "how long a compacted delete is kept once folded: a reader away longer than this "
+        "behind the compacted part must start over",
+        parse=_number(),
+        commands=ARCHIVE,
+    )
     # access control (README, Security): on as soon as any credential source is set
     auth_tokens_file: str | None = setting(
         None,
@@ -639,6 +664,10 @@ class Settings:
             or self.auth_signing_key_file
             or self.auth_anonymous.strip()
         )
+
+    @property
+    def compaction_prefix_list(self) -> tuple[str, ...]:
+        return tuple(p.strip() for p in self.compaction_prefixes.split(",") if p.strip())
 
     @property
     def archive_location(self) -> str:

@@ -16,15 +16,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import time
-from pathlib import Path
 
 import aiohttp
 
 from gateway.protocol import offsets
 
+from .report import publish
 from .servers import start, use_uvloop
 
 MIB = 1024 * 1024
@@ -98,11 +97,7 @@ def main() -> None:
         f"| {args.mb} MiB, bootstrap (snapshot of {args.snapshot_kb} KiB, {args.tail_kb} KiB after it) | "
         f"{result['bootstrap_seconds'] * 1000:.0f} ms | {result['bootstrap_bytes'] / MIB:,.1f} MiB |",
     ]
-    print("\n".join(lines))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    publish(args.out, result, lines)
 
 
 if __name__ == "__main__":

@@ -258,14 +258,30 @@ end
 -- append time and, from an idempotent producer, "<epoch> <seq> <id>" (the
 -- archive's producer columns). `wrote`, if given, is called once the first entry
 -- is stored: a refusal (OOM, READONLY, MISCONF) comes at that first write, before
--- anything is stored.
+-- anything is stored. A compacted stream (m.cmp, docs/compaction.md) stores one message an
+-- entry: compaction drops messages by deleting entries (lua/compact.lua).
 local function add_entries(m, first, last, now, producer, wrote)
   local pos = tonumber(m.tail)
-  for i = first, last, 2 do
+  local function add(at, data)
     if producer then
-      redis.call('XADD', LOG, eid(pos), 'd', ARGV[i + 1], 't', now, 'p', producer)
+      redis.call('XADD', LOG, eid(at), 'd', data, 't', now, 'p', producer)
     else
-      redis.call('XADD', LOG, eid(pos), 'd', ARGV[i + 1], 't', now)
+      redis.call('XADD', LOG, eid(at), 'd', data, 't', now)
+    end
+  end
+  for i = first, last, 2 do
+    local data = ARGV[i + 1]
+    if m.cmp and string.find(data, '\n', 1, true) then
+      local at, from = pos, 1
+      while true do
+        local j = string.find(data, '\n', from, true)
+        local message = string.sub(data, from, (j or 0) - 1)
+        add(at, message)
+        if not j then break end
+        at, from = at + #message, j + 1
+      end
+    else
+      add(pos, data)
     end
     if wrote and i == first then wrote() end
     pos = pos + tonumber(ARGV[i])

@@ -40,7 +40,9 @@
 -- Returns one result per append, in ARGV order:
 --   {'ok', tail, closed[, created]}  appended / closed (created: the incarnation, for the
 --                                    ETag; none when a close-only append found it closed)
---   {'pending', tail}               a large append's first part is written (append_part.lua goes on)
+--   {'pending', tail, one_each}     a large append's first part is written (append_part.lua goes
+--                                    on); one_each: '1' when its parts store a message an entry
+--                                    (a compacted stream: add_entries)
 --   {'busy', until}                 a large append is under way (until: ms): send again later
 --   {'dup', tail, closed, epoch, seq} producer retry, already applied
 --   {'closed', tail}                the stream is closed (409)
@@ -145,7 +147,7 @@ local function append_one(ctn, close, sseq, pid, ep, sq, im, eo, token, total, f
     m.pend = token
     redis.call('HSET', META, 'pend', token, 'pend_at', fmt(tail),
       'pend_to', fmt(tonumber(m.tail) + tonumber(total)), 'pend_until', fmt(now + PEND_MS))
-    return {'pending', m.tail}
+    return {'pending', m.tail, m.cmp and '1' or '0'}
   end
   commit(m, tail, sseq, close, tuple, pid, ep, sq)
   -- Its entries ride the notice only once committed: one whose commit failed (an error

@@ -11,6 +11,10 @@
 --   (uid is set once, the first time a stream is forked, and names this
 --   incarnation in its forks' chains; a stream at the same path later gets
 --   another).
+-- A compacted stream (docs/compaction.md) records its tail as 'fkmax': compaction drops
+-- nothing below the newest fork point from then on (lua/compact.lua), so a fork's inherited
+-- part stays as it was at its fork point; the fork must start at or past where compaction
+-- has dropped messages so far (gateway/streams/forks.py checks).
 -- Returns {'ok', meta (the source's), added ('1' if this call added the fork to FORKS,
 --   else '0')} | {'missing'} | {'gone'} (never for 'stamp').
 local how, now = ARGV[2], now_ms()
@@ -19,6 +23,10 @@ if status == 'missing' or (status == 'gone' and how ~= 'stamp') then return {sta
 if not m.uid then
   m.uid = ARGV[3]
   redis.call('HSET', META, 'uid', m.uid)
+end
+if m.cmp and how ~= 'stamp' and tonumber(m.tail) > tonumber(m.fkmax or '0') then
+  m.fkmax = m.tail
+  redis.call('HSET', META, 'fkmax', m.tail)
 end
 local added = 0
 if how == 'pin' then

@@ -111,6 +111,14 @@ CASES = {
         quiet("DurableStreamsArchiveStalled", "20m"),
         fires("DurableStreamsArchiveStalled", "45m", {"severity": "warning"}),
     ),
+    "DurableStreamsCompactionBehind": case(
+        [  # the last stream each worker compacted: one falls behind (5 min a minute), one keeps up
+            series('ds_compaction_behind_seconds{pod="arc-1"}', "0+300x40"),
+            series('ds_compaction_behind_seconds{pod="arc-2"}', "0x40"),
+        ],
+        quiet("DurableStreamsCompactionBehind", "10m"),  # past 1800 s at 7m: not yet for 15m
+        fires("DurableStreamsCompactionBehind", "25m", {"severity": "warning"}),
+    ),
     "DurableStreamsWebhooksFailing": case(
         [
             series('ds_webhook_deliveries_total{outcome="done"}', "0+10x10 100+1x30"),

@@ -19,10 +19,14 @@ import aiohttp
 import pytest
 import redis.asyncio as aioredis
 
+from gateway.archive.files import Archive
 from gateway.cli import client_read
 from gateway.cli.embedded import EmbeddedRedis
 from gateway.cli.main import build_parser, main
 from gateway.protocol import offsets
+from gateway.redis_io import keys
+from workers.archiver import Archiver, Policy
+from workers.compactor import CompactionPolicy
 
 from .conftest import free_port, serving, start_gateway
 
@@ -92,6 +96,29 @@ async def test_create_append_info_cat(cli: Cli, gateway: str) -> None:
     found = json.loads(out)
     assert found["next_offset"] == offsets.encode(4 + len(payload))
     assert found["closed"] is False and found["ttl"] == 600 and found["expires_at"] is None
+
+
+async def test_info_of_a_compacted_stream(
+    cli: Cli, gateway: str, redis: aioredis.Redis, tmp_path: Path
+) -> None:
+    name = _name()
+    events = [
+        {"type": "t", "key": "k", "value": {"v": n}, "headers": {"operation": "upsert"}} for n in range(4)
+    ]
+    async with aiohttp.ClientSession() as http:
+        headers = {"Content-Type": "application/json", "Stream-Compaction": "state"}
+        async with http.put(f"{gateway}/{name}", data=json.dumps(events), headers=headers) as r:
+            assert r.status == 201
+    code, out, _ = await cli("info", name, "--url", gateway)
+    said = dict(line.split(":", 1) for line in out.decode().splitlines() if not line.startswith("url:"))
+    assert code == 0 and said["compaction"].strip() == "state" and said["last-compacted"].strip() == "-", out
+    policy = Policy(hot_bytes=1 << 40)
+    archiver = Archiver(redis, Archive(str(tmp_path)), policy, compaction=CompactionPolicy(0, 0, 0))
+    await archiver.archive_stream(keys.stream_id(name))
+    code, out, _ = await cli("info", name, "--url", gateway, "--json")
+    found = json.loads(out)
+    assert found["compaction"] == "state" and found["dropped"].startswith("3 messages"), found
+    assert found["compaction_ratio"] > 3 and found["last_compacted"], found
 
 
 async def test_ls_pages_through_every_stream(cli: Cli, gateway: str) -> None:

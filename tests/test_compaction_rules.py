@@ -13,7 +13,8 @@ materializes (a row replaced by each write: MaterializedState; merged: createStr
 * here, two model materializers, over many histories (Hypothesis);
 * in ``tests/ecosystem/compaction.mjs``, ``@durable-streams/state``'s MaterializedState over a
   few hundred seeded histories in one Node run, and its createStreamDB (TanStack DB)
-  reading histories and their compacted versions from -1 off a real gateway.
+  reading histories from -1 off a real gateway, as written and from a compacted stream the
+  archive worker compacted (and archived, half the time).
 
 The one guarantee a reader does not have: resuming from behind a tombstone dropped since,
 while its state holds that row (Kafka's ``delete.retention.ms`` likewise); it starts over.
@@ -22,6 +23,7 @@ while its state holds that row (Kafka's ``delete.retention.ms`` likewise); it st
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -34,10 +36,15 @@ from typing import Any
 
 import aiohttp
 import orjson
+import redis.asyncio as aioredis
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway.archive.files import Archive
 from gateway.protocol.compaction import Change, Control, Retained, classify, compact
+from gateway.redis_io import keys
+from workers.archiver import Archiver, Policy
+from workers.compactor import CompactionPolicy
 
 from .conftest import ECOSYSTEM, serving
 
@@ -116,7 +123,9 @@ def test_what_a_fold_keeps() -> None:
     assert kept(compact(history, horizon=16)) == [4, 13, 15, 16]
     # Tombstones go once folded before the cut-off (folded at now_ms 100 here).
     assert kept(compact(history, horizon=16, now_ms=100, tombstones_before_ms=100)) == [4, 13, 15, 16]
-    assert kept(compact(history, horizon=16, now_ms=100, tombstones_before_ms=101)) == [4, 13, 16]
+    # ... but never the newest message folded (a read must find one where the fold ended)
+    assert kept(compact(history, horizon=16, now_ms=100, tombstones_before_ms=101)) == [4, 13, 15, 16]
+    assert kept(compact(history, horizon=17, now_ms=100, tombstones_before_ms=101)) == [4, 13, 16]
     # The start still open at the first reset stays; from the horizon on, all stays.
     assert kept(compact(history, horizon=11)) == [4, 9, 10, *range(11, 17)]
     assert compact(history, horizon=0) == history
@@ -360,18 +369,16 @@ def referee_cases(seed: int, count: int) -> list[dict[str, Any]]:
     return cases
 
 
-def db_cases(seed: int, count: int) -> list[tuple[list[Any], list[Any]]]:
+def db_cases(seed: int, count: int) -> list[list[Any]]:
     """Histories StreamDB 0.3.1 can take (object values, no reset: see tests/ecosystem/state.mjs,
-    no messages of other shapes), of whole rows or a few fields, and what compaction keeps."""
+    no messages of other shapes), of whole rows or a few fields."""
     rnd = random.Random(seed ^ 0x5EED)
-    out = []
-    for _ in range(count):
-        size = rnd.randint(1, 150)
-        history = make_history(rnd, size, keys=rnd.randint(1, 10), resets=False, others=False, objects=True)
-        encoded = [encode(m) for m in history]
-        final = versions(encoded, make_runs(rnd, size, tombstones=rnd.random() < 0.5))[-1]
-        out.append((history, [history[i] for i in final.kept]))
-    return out
+    return [
+        make_history(
+            rnd, rnd.randint(1, 150), keys=rnd.randint(1, 10), resets=False, others=False, objects=True
+        )
+        for _ in range(count)
+    ]
 
 
 TABLES = (("user", "users"), ("task", "tasks"))  # type -> collection (compaction.mjs' schema)
@@ -382,8 +389,11 @@ def with_ids(state: State) -> State:
     return {name: {**value, "id": name[1]} for name, value in state.items()}
 
 
-async def put_stream(http: aiohttp.ClientSession, url: str, messages: list[Any]) -> None:
-    async with http.put(url, data=orjson.dumps(messages), headers={"Content-Type": "application/json"}) as r:
+async def put_stream(
+    http: aiohttp.ClientSession, url: str, messages: list[Any], compacted: bool = False
+) -> None:
+    headers = {"Content-Type": "application/json", **({"Stream-Compaction": "state"} if compacted else {})}
+    async with http.put(url, data=orjson.dumps(messages), headers=headers) as r:
         assert r.status == 201, await r.text()
 
 
@@ -393,12 +403,24 @@ async def test_the_official_materializers_agree(
     seed = int(os.environ.get("DS_COMPACTION_SEED") or random.randrange(2**32))
     cases = referee_cases(seed, 200)
     path = tmp_path / "cases.json"
-    async with serving(redis_url) as gateway:  # default limits: histories of up to ~15 KB in one PUT
-        for full, compacted in db_cases(seed, 40):
+    redis = aioredis.Redis.from_url(redis_url)
+    archive = str(tmp_path / "archive")
+    rnd = random.Random(seed)
+    # default limits: histories of up to ~15 KB in one PUT
+    async with serving(redis_url, archive_url=archive) as gateway, contextlib.aclosing(redis):
+        for full in db_cases(seed, 40):
             tag = uuid.uuid4().hex[:8]
             names = {kind: f"{gateway}/compaction-referee-{kind}-{tag}" for kind in ("full", "compacted")}
             await put_stream(http, names["full"], full)
-            await put_stream(http, names["compacted"], compacted)
+            # compacted by the worker (workers/compactor.py), tombstones kept or all dropped,
+            # then half the time archived: StreamDB reads what a real stream keeps
+            await put_stream(http, names["compacted"], full, compacted=True)
+            policy = CompactionPolicy(lag_ms=0, lag_bytes=0, tombstone_ms=rnd.choice((0, 3_600_000)))
+            hot = rnd.choice((0, 1 << 40))
+            worker = Archiver(
+                redis, Archive(archive), Policy(hot_bytes=hot, hot_ms=0, max_delay_ms=0), compaction=policy
+            )
+            await worker.archive_stream(keys.stream_id(names["compacted"].split("/v1/stream/", 1)[1]))
             cases.append({"history": full, "readers": [], "db": names})
         path.write_bytes(orjson.dumps({"cases": cases}))
         proc = await asyncio.to_thread(

@@ -22,12 +22,17 @@ from typing import Any
 
 import aiohttp
 import pytest
+import redis.asyncio as aioredis
 
+from gateway.archive.files import Archive
 from gateway.cli.embedded import EmbeddedRedis
 from gateway.config import Settings
 from gateway.features import stats
 from gateway.http import console
+from gateway.redis_io import keys
 from gateway.redis_io.scripts import connect_scripts
+from workers.archiver import Archiver, Policy
+from workers.compactor import CompactionPolicy
 
 from .browser import headless_chromium
 from .conftest import serving
@@ -310,6 +315,32 @@ async def test_create_fork_and_close(redis_url: str, http: aiohttp.ClientSession
         async with http.head(f"{base}/{run}/b") as r:
             assert r.headers.get("Stream-Closed") == "true"
         await expect(page.get_by_role("button", name="Close…")).to_be_disabled()
+    assert _page_problems(page) == []
+
+
+async def test_a_compacted_streams_compaction(
+    redis_url: str, http: aiohttp.ClientSession, page: Any, tmp_path: Path
+) -> None:
+    run = f"console-{uuid.uuid4().hex[:8]}"
+    events = [
+        {"type": "t", "key": "k", "value": {"v": n}, "headers": {"operation": "upsert"}} for n in range(5)
+    ]
+    async with serving(redis_url) as base:
+        headers = {"Content-Type": "application/json", "Stream-Compaction": "state"}
+        await _put(http, f"{base}/{run}/state", json.dumps(events).encode(), headers)
+        redis = aioredis.Redis.from_url(redis_url)
+        archiver = Archiver(
+            redis, Archive(str(tmp_path)), Policy(hot_bytes=1 << 40), compaction=CompactionPolicy(0, 0, 0)
+        )
+        await archiver.archive_stream(keys.stream_id(f"{run}/state"))
+        await redis.aclose()
+        await page.goto(f"{base}{CONSOLE}")
+        await page.get_by_label("Path prefix").fill(f"{run}/")
+        await page.get_by_label("Path prefix").press("Enter")
+        await page.get_by_role("link", name=f"{run}/state").click()
+        await page.locator("#meta", has_text="Dropped").wait_for()
+        facts = await page.locator("#meta").inner_text()
+        assert "state: " in facts and "4 messages" in facts, facts
     assert _page_problems(page) == []
 
 

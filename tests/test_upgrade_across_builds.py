@@ -516,7 +516,8 @@ async def test_data_written_by_layout_v2_is_served_after_migrate(
             assert code not in (0, -9) and "migrate" in said, (code, said[-2000:])
             code, migrated = await working_tree("migrate", "--redis-url", own_redis.url)
             assert code == 0, migrated
-            assert "layout v2 -> v3" in migrated and "layout v3 is current" in migrated, migrated
+            # the offline steps to v3, then the rolling change to v4 waits for --finish
+            assert "layout v2 -> v3" in migrated and "ready to write v4" in migrated, migrated
 
             await asyncio.to_thread(new.start_ready)
             for s in streams.values():

@@ -21,7 +21,7 @@ from typing import Any
 from gateway.concurrency.cancelling import raise_if_cancelled
 from gateway.redis_io import keys
 from gateway.redis_io.connections import Client
-from gateway.redis_io.contracts import ARCHIVE_LEASE, SCRIPTS, status_of
+from gateway.redis_io.contracts import ARCHIVE_LEASE, COMPACT, SCRIPTS, status_of
 from gateway.redis_io.scripts import Scripts
 
 from .health import Heartbeat
@@ -67,10 +67,12 @@ class Leases:
         """Run an archive script for the lease's stream, fenced by its token: ``args`` are
         its ARGV after the token, in the order of its description (contracts.py, which
         checks their count). Every script but archive_lease takes the incarnation first,
-        and its segment set as KEYS[7]."""
+        and its segment set as KEYS[7]; compact its fold record (keys.fold)."""
         argv = SCRIPTS[script].args(lease.token, *args)
         script_keys = [*keys.stream_keys(lease.sid), keys.lease(lease.sid)]
-        if script != ARCHIVE_LEASE.name:
+        if script == COMPACT.name:
+            script_keys.append(keys.fold(lease.sid))
+        elif script != ARCHIVE_LEASE.name:
             script_keys.append(keys.segments(lease.sid, str(args[0])))
         return await self.scripts.run(script, script_keys, argv)
 

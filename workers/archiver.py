@@ -81,6 +81,7 @@ from .archive_files import Job, LogPage, ScoredMembers, SegmentFiles, is_json, l
 from .archive_lease import Lease, LeaseLost, Leases
 from .archive_scan import Finder, unavailable
 from .clock import now_ms
+from .compactor import CompactionPolicy, Compactor
 from .health import Heartbeat
 
 log = logging.getLogger("durable_streams.archive")
@@ -117,6 +118,7 @@ class Archiver:
         lease_seconds: float = 30.0,
         name: str | None = None,
         heartbeat: Heartbeat | None = None,
+        compaction: CompactionPolicy | None = None,
     ) -> None:
         self.redis = redis
         self.archive = archive
@@ -127,6 +129,7 @@ class Archiver:
         self.heartbeat = heartbeat or Heartbeat()
         self.leases = Leases(redis, self.scripts, self.name, lease_seconds, self.heartbeat)
         self.files = SegmentFiles(redis, archive, self.scripts, self.leases, policy.row_group_bytes)
+        self.compactor = Compactor(redis, self.leases, compaction or CompactionPolicy())
         self.finder = Finder(
             redis,
             self.leases,
@@ -293,6 +296,12 @@ class Archiver:
             return await self.files.write_and_commit(lease, meta, inc, Job(pending[0], None))
         if self.policy.retention_ms and committed:
             await self.files.retain(lease, inc, now_ms() - self.policy.retention_ms)
+        if meta.get("cmp"):  # State compaction first: what is archived of such a stream was folded
+            outcome = await self.compactor.run(lease, meta)
+            if outcome.again_ms:
+                await self.hint(sid, outcome.again_ms)
+            if outcome.moved:
+                return True  # plan again from what Redis says now
         job = await self._plan(lease, meta, inc, committed[-1] if committed else None)
         if job is None:
             return False
@@ -312,6 +321,8 @@ class Archiver:
         sid, policy, now = lease.sid, self.policy, now_ms()
         start = log_start(meta)
         limit = int(meta["tail"]) - policy.hot_bytes
+        if meta.get("cmp"):
+            limit = min(limit, int(meta.get("cto") or 0))  # a compacted stream's: folded first
         if limit <= start:
             return None
         head = await self.files.first(lease, start, is_json(meta))
@@ -416,9 +427,11 @@ async def run_worker(settings: Settings, redis_url: str, stop: asyncio.Event) ->
         reconcile_seconds=settings.archive_reconcile_seconds,
         lease_seconds=settings.archive_lease_seconds,
         heartbeat=heartbeat,
+        compaction=CompactionPolicy.of(settings),
     )
     try:
         member = Membership(client, "archive")
+        archiver.compactor.writing = lambda: member.writing  # compaction waits for layout v4
         preflight = Preflight(client, prepare=archiver.scripts.load, member=member)
         if not await preflight.wait(stop, heartbeat.beat):
             return  # stopped while waiting

@@ -59,10 +59,28 @@ async def info(args: argparse.Namespace) -> int:
         "expires_at": h.get("Stream-Expires-At"),
         "forked_from": h.get("Stream-Forked-From"),  # when the server says (the protocol does not require it)
         "fork_offset": h.get("Stream-Fork-Offset"),
+        "compaction": h.get("Stream-Compaction"),  # ours (docs/compaction.md)
     }
+    if found["compaction"] and not args.stream.startswith(("http://", "https://")):
+        async with connect(args) as client:  # how far it went: this server's listing says
+            detail = await client.call(
+                "GET", stream_url(stream_url(args.url, LISTING), args.stream), ok=(200, 401, 403, 404)
+            )
+        state = json.loads(detail.body).get("compaction") if detail.status == 200 else None
+        if state:
+            found["compacted_to"] = state["compacted_to_offset"]
+            found["compaction_ratio"] = state["ratio"]
+            found["dropped"] = f"{state['dropped_messages']} messages, {state['dropped_bytes']} bytes"
+            found["last_compacted"] = (
+                time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(state["last_run_at_ms"] / 1000))
+                if state["last_run_at_ms"]
+                else None
+            )
+            found["not_folded"] = f"{state['lag_bytes']} bytes (the compaction lag, and what waits)"
     if args.json:
         print_json(found)
         return OK
+    width = max(14, *(len(name) + 2 for name in found))
     for name, value in found.items():
         if value is None:
             value = "-"
@@ -70,7 +88,7 @@ async def info(args: argparse.Namespace) -> int:
             value = "yes" if value else "no"
         elif name == "ttl":
             value = f"{value} s (sliding: reset by every read and write)"
-        print(f"{name.replace('_', '-') + ':':<14}{value}")
+        print(f"{name.replace('_', '-') + ':':<{width}}{value}")
     return OK
 
 

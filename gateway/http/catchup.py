@@ -157,7 +157,8 @@ async def _stream(
         while pending is not None:
             entries, held = await pending
             try:
-                at = end_of(*entries[-1], meta.is_json)
+                # (none: a compacted stream kept nothing more up to the answer's end)
+                at = end_of(*entries[-1], meta.is_json) if entries else until
                 # The next page is read while this one is written: two in flight at most.
                 pending = asyncio.ensure_future(_fetch(gw, meta, at, until)) if at < until else None
                 data = await _encoded(body, entries)

@@ -15,7 +15,7 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from ..concurrency.ready import ready
-from ..protocol import access, caching, conditions, cursor, offsets, responses
+from ..protocol import access, caching, compaction, conditions, cursor, offsets, responses
 from ..protocol.conditions import IfMatch
 from ..protocol.entries import LogEntry, message_count, stored_bytes
 from ..protocol.errors import ProtocolError, bad_request
@@ -24,6 +24,7 @@ from ..protocol.headers import (
     IF_MATCH,
     JSON_CONTENT_TYPE,
     STREAM_CLOSED,
+    STREAM_COMPACTION,
     STREAM_EXPECTED_OFFSET,
     STREAM_FORK_OFFSET,
     STREAM_FORK_SUB_OFFSET,
@@ -222,6 +223,7 @@ async def put_stream(request: web.Request) -> web.Response:
         # Checked by create.lua: a missing stream matches nothing (RFC 9110 13.1.1), so such
         # a PUT never creates one; a soft-deleted one answers as without it (409).
         if_match=if_match.script_arg() if if_match is not None else "",
+        compaction=compaction.asked(h.get(STREAM_COMPACTION)),
     )
     created, meta = await gw.store.create(sid, spec)
     headers = responses.stream_state(meta)

@@ -76,6 +76,7 @@ def install(
             settings.read_page_bytes,
             archive_hints=settings.archive_hints,
             stream_registry=settings.stream_registry,
+            compaction_prefixes=settings.compaction_prefix_list,
         )
         app[MEMBER] = member = Membership(scripts.redis, "gateway")
         preflight = Preflight(

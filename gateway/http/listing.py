@@ -26,6 +26,7 @@ from ..protocol import offsets
 from ..protocol.access import Principal
 from ..protocol.errors import ProtocolError
 from ..protocol.listing import Position, check_listable, encode_cursor, parse_query, readable_prefixes
+from ..protocol.models import Meta
 from ..protocol.namespace import RESERVED
 from ..redis_io import keys
 from .context import gateway_of
@@ -106,6 +107,25 @@ def _item(listed: Listed) -> dict[str, Any]:
         "expires_at_ms": listed.expires_at_ms,
         "ttl_seconds": meta.ttl,
         "forked_from": keys.path_of(meta.source) if meta.source else None,
+        "compaction": _compaction(meta),
+    }
+
+
+def _compaction(meta: Meta) -> dict[str, Any] | None:
+    """A compacted stream's compaction so far (docs/compaction.md), None for others."""
+    if not meta.compaction:
+        return None
+    done = meta.compacted
+    own = meta.tail - meta.base  # its own bytes (not a fork's inherited ones)
+    return {
+        "mode": meta.compaction,
+        "compacted_to_offset": offsets.encode(max(done.upto, meta.base)),
+        "dropped_bytes": done.dropped,
+        "dropped_messages": done.dropped_messages,
+        # bytes written / bytes kept: 1.0 before the first run
+        "ratio": round(own / max(1, own - done.dropped), 2) if own else 1.0,
+        "last_run_at_ms": done.last_run_ms or None,
+        "lag_bytes": meta.tail - max(done.upto, meta.base),  # not folded yet
     }
 
 

@@ -118,6 +118,7 @@ _CREDENTIALED_HEADERS = ", ".join(
         "Stream-Forked-From",
         "Stream-Fork-Offset",
         "Stream-Fork-Sub-Offset",
+        "Stream-Compaction",
         "Producer-Id",
         "Producer-Epoch",
         "Producer-Seq",

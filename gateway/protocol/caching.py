@@ -12,15 +12,20 @@ CACHEABLE = "public, max-age=60, stale-while-revalidate=300"
 NO_STORE = "no-store"
 SSE = "no-cache, no-store"
 
-# Our ETags' opaque part: "<created>-<check>:<start>:<end>[:c][+<coding>]" (see etag()).
-_OURS = re.compile(r"\A([0-9]{1,20})-([0-9a-f]{8}):([0-9]{1,20}):([0-9]{1,20})(:c)?(?:\+[a-z]{1,8})?\Z")
+# Our ETags' opaque part: "<created>-<check>:<start>:<end>[:c][:g<generation>][+<coding>]"
+# (see etag()).
+_OURS = re.compile(
+    r"\A([0-9]{1,20})-([0-9a-f]{8}):([0-9]{1,20}):([0-9]{1,20})(:c)?(?::g[0-9]{1,20})?(?:\+[a-z]{1,8})?\Z"
+)
 
 
 def _check(stream_id: str, created: str) -> str:
     return hashlib.blake2b(f"{stream_id}\0{created}".encode(), digest_size=4).hexdigest()
 
 
-def etag(stream_id: str, created: str, start: int, end: int, closed: bool, coding: str = "") -> str:
+def etag(
+    stream_id: str, created: str, start: int, end: int, closed: bool, coding: str = "", generation: int = 0
+) -> str:
     """A strong ETag for the bytes [start, end) of one incarnation of a stream, as sent
     in ``coding`` ('' for as stored: a compressed answer is another representation, so
     another tag, RFC 9110 8.8.3; it names the same state for If-Match).
@@ -29,16 +34,19 @@ def etag(stream_id: str, created: str, start: int, end: int, closed: bool, codin
     written out (not hashed) so a conditional append can hand it to append.lua,
     which compares it with the stream's own (``conditions.py``). The check ties
     the tag to its stream, and the closure flag makes the tail response change
-    when the stream closes.
+    when the stream closes. A compacted stream's ``generation`` (raised by every
+    compaction step that drops messages, docs/compaction.md) makes a range's tag change
+    when what the range holds does; If-Match ignores it (appends go to the tail).
     """
     suffix = ("+" + coding) if coding else ""
-    return f'"{created}-{_check(stream_id, created)}:{start}:{end}{":c" if closed else ""}{suffix}"'
+    gen = f":g{generation}" if generation else ""
+    return f'"{created}-{_check(stream_id, created)}:{start}:{end}{":c" if closed else ""}{gen}{suffix}"'
 
 
-def stream_etag(stream_id: str, created: str, tail: int, closed: bool) -> str:
+def stream_etag(stream_id: str, created: str, tail: int, closed: bool, generation: int = 0) -> str:
     """The stream's own ETag (HEAD, PUT, a failed conditional append): the one a read
     of all of it, from position 0 to the tail, carries."""
-    return etag(stream_id, created, 0, tail, closed)
+    return etag(stream_id, created, 0, tail, closed, generation=generation)
 
 
 @dataclass(frozen=True)

@@ -26,16 +26,42 @@ history at once (the tests' and the benchmark's reference).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from .errors import bad_request
+from .headers import JSON_CONTENT_TYPE, STREAM_COMPACTION
 from .jsonmode import state_headers
 
+STATE = "state"  # the one compaction there is: State Protocol events, by (type, key)
 OPERATIONS = frozenset({"insert", "update", "upsert", "delete"})
 CONTROLS = frozenset({"snapshot-start", "snapshot-end", "reset"})
 
 Message = tuple[int, bytes]  # (position, the message's JSON)
 EVERY_FIELD = None  # the fields a write of a value that is no object covers: the whole row
+
+
+def asked(header: str | None) -> str | None:
+    """A PUT's ``Stream-Compaction``: 'state', '' (``none``: not compacted, whatever the
+    policy), or None (not given: the policy decides); 400 for anything else."""
+    if header is None:
+        return None
+    value = header.strip().lower()
+    if value not in (STATE, "none"):
+        raise bad_request(f"{STREAM_COMPACTION} must be 'state' or 'none'")
+    return STATE if value == STATE else ""
+
+
+def mode(asked: str | None, media_type: str, path: str, prefixes: Iterable[str]) -> str:
+    """The compaction a stream is created with ('state' or ''): as asked, else by the
+    server's policy (``--compaction-prefixes``) for JSON streams under its prefixes. Asked
+    for a stream that is not JSON: 400 (a policy passes over it)."""
+    if asked is None:
+        under = any(path.startswith(prefix) for prefix in prefixes)
+        return STATE if under and media_type == JSON_CONTENT_TYPE else ""
+    if asked and media_type != JSON_CONTENT_TYPE:
+        raise bad_request(f"{STREAM_COMPACTION}: state is for application/json streams only")
+    return asked
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,16 +146,23 @@ class Retained:
     open_start: int | None = None  # a snapshot-start whose end has not come yet
     reset: int | None = None  # the newest reset
 
-    def fold(self, messages: Iterable[Message], now_ms: int) -> list[int]:
+    def fold(
+        self, messages: Iterable[Message], now_ms: int, folded_at: Mapping[int, int] | None = None
+    ) -> list[int]:
         """Take the next messages (in stream order) at ``now_ms``: the positions of earlier
-        kept messages (and of these) that they make redundant, in no particular order."""
+        kept messages (and of these) that they make redundant. In an order any prefix of
+        which may be applied first: each message's drops come after those of the messages
+        before it, and a reset's snapshot markers newest first (never an end without its
+        start). ``folded_at``: when deletes folded before were (a worker folding again
+        what it kept; else ``now_ms``)."""
         dropped: list[int] = []
         for position, message in messages:
             event = classify(message)
             if isinstance(event, Change):
                 key = self.keys.setdefault((event.type, event.key), Key())
                 if event.operation == "delete":
-                    dropped += key.delete(position, now_ms)
+                    when = now_ms if folded_at is None else folded_at.get(position, now_ms)
+                    dropped += key.delete(position, when)
                 else:
                     dropped += key.write(position, event.fields)
             elif isinstance(event, Control):
@@ -147,7 +180,7 @@ class Retained:
             return []
         # reset: nothing before it counts any more, but a snapshot still open
         dropped = [position for key in self.keys.values() for position in key.positions()]
-        dropped += [marker for marker in self.markers if marker != self.open_start]
+        dropped += [marker for marker in reversed(self.markers) if marker != self.open_start]
         if self.reset is not None:
             dropped.append(self.reset)
         self.keys.clear()
@@ -155,12 +188,22 @@ class Retained:
         self.reset = position
         return dropped
 
-    def expired_tombstones(self, folded_before_ms: int) -> list[int]:
+    def tombstones(self) -> list[tuple[int, int]]:
+        """The kept deletes: (position, ms when folded)."""
+        return [key.tombstone for key in self.keys.values() if key.tombstone is not None]
+
+    def expired_tombstones(self, folded_before_ms: int, keep_from: int | None = None) -> list[int]:
         """Drop the deletes folded before ``folded_before_ms`` (the tombstone retention has
-        passed since): a reader behind one since would keep its row (docs/compaction.md)."""
+        passed since): a reader behind one since would keep its row (docs/compaction.md).
+        Not one at or past ``keep_from`` (the newest message folded): every other drop has
+        a later message kept in its place, and a read must find one at the end of what was
+        folded (else a reader of a stream whose last message is a delete would never reach
+        its tail)."""
         dropped = []
         for name, key in list(self.keys.items()):
             if key.tombstone is not None and key.tombstone[1] < folded_before_ms:
+                if keep_from is not None and key.tombstone[0] >= keep_from:
+                    continue
                 dropped.append(key.tombstone[0])
                 key.tombstone = None
                 if not key.writes:
@@ -177,5 +220,6 @@ def compact(
     retained = Retained()
     dropped = set(retained.fold((m for m in history if m[0] < horizon), now_ms))
     if tombstones_before_ms is not None:
-        dropped.update(retained.expired_tombstones(tombstones_before_ms))
+        folded = [m[0] for m in history if m[0] < horizon]
+        dropped.update(retained.expired_tombstones(tombstones_before_ms, max(folded, default=None)))
     return [m for m in history if m[0] not in dropped]

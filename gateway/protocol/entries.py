@@ -61,6 +61,16 @@ def pack_messages(
     return out
 
 
+def one_each(entries: list[LogEntry]) -> list[LogEntry]:
+    """JSON entries as one entry a message (how a compacted stream stores them:
+    docs/compaction.md; lua/_prelude.lua add_entries does the same for a script's entries)."""
+    out: list[LogEntry] = []
+    for _, data in entries:
+        for message in bytes(data).split(SEPARATOR):
+            out.append((len(message), message))
+    return out
+
+
 def messages(position: int, data: bytes) -> list[tuple[int, bytes]]:
     """A JSON stream's stored entry at ``position`` as its messages with their positions."""
     if SEPARATOR not in data:

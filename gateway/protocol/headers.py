@@ -27,6 +27,7 @@ STREAM_FORK_OFFSET = "Stream-Fork-Offset"
 STREAM_FORK_SUB_OFFSET = "Stream-Fork-Sub-Offset"
 STREAM_SSE_DATA_ENCODING = "Stream-SSE-Data-Encoding"
 STREAM_EXPECTED_OFFSET = "Stream-Expected-Offset"
+STREAM_COMPACTION = "Stream-Compaction"  # ours: a State stream compacted by key (docs/compaction.md)
 IF_MATCH = "If-Match"
 PRODUCER_ID = "Producer-Id"
 PRODUCER_EPOCH = "Producer-Epoch"

@@ -37,6 +37,35 @@ def _chain(ranges: str | None, incarnations: str | None) -> tuple[InheritedRange
     return tuple((sid, lo, hi, uid) for (sid, lo, hi), uid in zip(chain, uids, strict=True))
 
 
+@dataclass(frozen=True, slots=True)
+class Compacted:
+    """A compacted stream's compaction so far (meta fields written by lua/compact.lua)."""
+
+    upto: int = 0  # 'cto': messages below it were folded (what is kept of them is kept)
+    generation: int = 0  # 'cgen': raised by every step that dropped messages (ETags)
+    dropped: int = 0  # 'cdrop': bytes of messages dropped, in all
+    dropped_messages: int = 0  # 'cdropn'
+    last_run_ms: int = 0  # 'cat': when a run last finished
+    barrier: int = 0  # 'fkmax': the newest fork point: nothing below it is dropped any more
+    running_to: int = 0  # 'cnext': where a run under way (or one that died) folds up to
+
+    @property
+    def fork_floor(self) -> int:
+        """Below here a compaction may have dropped messages because of later ones: no
+        fork may start there (its history below its fork point is no longer whole)."""
+        return max(self.upto, self.running_to)
+
+    @classmethod
+    def parse(cls, m: dict[str, str]) -> Compacted:
+        def number(name: str) -> int:
+            return int(m.get(name) or 0)
+
+        return cls(
+            number("cto"), number("cgen"), number("cdrop"), number("cdropn"), number("cat"),
+            number("fkmax"), number("cnext"),
+        )  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Meta:
     """What a stream's meta hash says, typed."""
@@ -56,6 +85,8 @@ class Meta:
     floor: int  # where retained data starts (retention drops what is below)
     uid: str | None = None  # this incarnation's id, given when it is first forked (fork_ref.lua)
     snapshot: int | None = None  # where its latest application snapshot is (features/snapshots.py)
+    compaction: str = ""  # 'state': compacted by key (docs/compaction.md); '' never
+    compacted: Compacted = field(default_factory=Compacted)
 
     @classmethod
     def parse(cls, sid: str, flat: list[Any]) -> Meta:
@@ -77,11 +108,19 @@ class Meta:
             floor=int(m.get("floor") or 0),
             uid=m.get("uid"),
             snapshot=int(m["snap"]) if "snap" in m else None,
+            compaction=m.get("cmp", ""),
+            compacted=Compacted.parse(m) if "cmp" in m else Compacted(),
         )
 
     @property
     def is_json(self) -> bool:
         return self.media_type == JSON_CONTENT_TYPE
+
+    @property
+    def gapped(self) -> bool:
+        """Whether reads may find no message where positions are: compaction dropped them
+        (its own log's, or an ancestor's a fork inherits; docs/compaction.md)."""
+        return bool(self.compaction or self.chain) and self.is_json
 
 
 @dataclass
@@ -139,6 +178,7 @@ class CreateSpec:
     # source: a weak fork, which loses its inherited range once the source is deleted.
     pin_source: bool = True
     if_match: str = ""  # If-Match for create.lua (conditions.IfMatch.script_arg), '' none
+    compaction: str | None = None  # Stream-Compaction as asked (protocol/compaction.asked)
 
 
 @dataclass(slots=True)  # not frozen: one per append, and a frozen __init__ costs ~1 µs more

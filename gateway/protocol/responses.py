@@ -7,6 +7,7 @@ from .headers import (
     PRODUCER_EPOCH,
     PRODUCER_SEQ,
     STREAM_CLOSED,
+    STREAM_COMPACTION,
     STREAM_CURSOR,
     STREAM_EXPIRES_AT,
     STREAM_NEXT_OFFSET,
@@ -33,16 +34,20 @@ EXPOSED = ", ".join(
         "ETag",
         "Location",
         STREAM_SNAPSHOT_OFFSET,
+        STREAM_COMPACTION,
         "Stream-Earliest-Offset",
     ]
 )
 
 
-def current_state(stream_id: str, created: str, tail: int, closed: bool) -> dict[str, str]:
-    """Where the stream is: its tail, its ETag (what If-Match compares) and closure."""
+def current_state(
+    stream_id: str, created: str, tail: int, closed: bool, generation: int = 0
+) -> dict[str, str]:
+    """Where the stream is: its tail, its ETag (what If-Match compares) and closure.
+    ``generation``: a compacted stream's (caching.etag)."""
     headers = {
         STREAM_NEXT_OFFSET: offsets.encode(tail),
-        "ETag": caching.stream_etag(stream_id, created, tail, closed),
+        "ETag": caching.stream_etag(stream_id, created, tail, closed, generation),
     }
     if closed:
         headers[STREAM_CLOSED] = "true"
@@ -52,7 +57,9 @@ def current_state(stream_id: str, created: str, tail: int, closed: bool) -> dict
 def stream_state(meta: Meta) -> dict[str, str]:
     """Create and HEAD: the stream's configuration, tail and ETag."""
     headers = {"Content-Type": meta.content_type}
-    headers.update(current_state(meta.sid, meta.created, meta.tail, meta.closed))
+    headers.update(current_state(meta.sid, meta.created, meta.tail, meta.closed, meta.compacted.generation))
+    if meta.compaction:
+        headers[STREAM_COMPACTION] = meta.compaction
     if meta.ttl is not None:
         headers[STREAM_TTL] = str(meta.ttl)
     if meta.expires_at is not None:
@@ -100,4 +107,7 @@ def read_chunk(
 
 
 def chunk_etag(chunk: Chunk, coding: str = "") -> str:
-    return caching.etag(chunk.meta.sid, chunk.meta.created, chunk.start, chunk.end, chunk.eof, coding)
+    meta = chunk.meta
+    return caching.etag(
+        meta.sid, meta.created, chunk.start, chunk.end, chunk.eof, coding, meta.compacted.generation
+    )

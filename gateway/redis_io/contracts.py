@@ -104,6 +104,7 @@ class CreateArgv(NamedTuple):
     workers_alive: str  # '1' | '0'
     wake_channel: str
     if_match: str
+    compaction: str  # 'state' | ''
 
 
 class CreateDone(NamedTuple):  # 'created' | 'exists'
@@ -155,6 +156,7 @@ class AppendDone(NamedTuple):  # 'ok' (append.lua, append_part.lua)
 class AppendPending(NamedTuple):
     status: bytes
     tail: bytes
+    one_each: bytes  # b'1': a compacted stream's, whose parts store a message an entry
 
 
 class AppendBusy(NamedTuple):
@@ -354,6 +356,23 @@ class ArchiveCommitArgv(NamedTuple):
 class ArchiveCommitted(NamedTuple):  # 'ok'
     status: bytes
     replaced: bytes
+
+
+class CompactArgv(NamedTuple):
+    token: str
+    created: str
+    upto: int
+    barrier: int
+    to: int
+    last: str  # '1' | '0'
+    dropped_bytes: int
+    tombstones: str  # "<position>:<ms> ..."
+    keep_ms: int
+
+
+class CompactDone(NamedTuple):  # 'ok'
+    status: bytes
+    deleted: int
 
 
 class ArchiveRetainArgv(NamedTuple):
@@ -654,6 +673,8 @@ ARCHIVE_COMMIT = Script("archive_commit", ArchiveCommitArgv, replies={"ok": Arch
 ARCHIVE_FORGET = Script("archive_forget", ArchiveArgv, tail="members")
 ARCHIVE_CHECK = Script("archive_check", ArchiveArgv, writes=False)
 ARCHIVE_RETAIN = Script("archive_retain", ArchiveRetainArgv, replies={"ok": ArchiveRetained})
+# State compaction's step (workers/compactor.py): the stream's five keys, its lease, its fold record.
+COMPACT = Script("compact", CompactArgv, tail="positions", replies={"ok": CompactDone})
 # KEYS: token buckets (keys.rate_bucket), no stream's; see features/ratelimit.py.
 RATE_LIMIT = Script("rate_limit", tail="takes", groups={"takes": Group(RateTake)}, writes=False)
 # Subscriptions (features/subscriptions.py): a stream's side (its links, its slot's outbox).

@@ -49,6 +49,15 @@ def lease(sid: str) -> str:
     return f"{PREFIX}:{{{sid}}}:lease"
 
 
+def fold(sid: str) -> str:
+    """A compacted stream's fold record (lua/compact.lua): a hash of when each kept
+    ``delete`` was folded (ms, by position; the tombstone retention counts from then) and
+    the ``created`` of the incarnation it is of. The rest of what a fold remembers is
+    folded again from the kept messages each run (workers/compactor.py). It expires
+    (renewed by every run): no script that drops a stream needs to know of it."""
+    return f"{PREFIX}:{{{sid}}}:fold"
+
+
 def segments(sid: str, incarnation: str) -> str:
     """An incarnation's archived segments (sorted set; see gateway/archive/segments.py).
 

@@ -29,6 +29,8 @@ v1 -> v2: the stream index (``keys.STREAM_INDEX``, read by the listing) lists th
 streams made before create.lua kept it.
 v2 -> v3: JSON messages are stored in grouped entries and offsets minted in format 1
 (``protocol/entries.py``, ``protocol/offsets.py``); subscriptions' kept offsets are rewritten.
+v3 -> v4 (rolling, ``migration.ROLLING``): compacted streams' logs may have gaps where
+compaction dropped messages (``COMPACTING``); nothing to rewrite.
 """
 
 from __future__ import annotations
@@ -48,10 +50,13 @@ from .connections import Client, every_node, scan_pages
 from .contracts import HASH_SWAP, INDEX_ADD, HashSwap
 from .lua import source
 
-CURRENT = 3  # the newest layout this build reads and writes
+CURRENT = 4  # the newest layout this build reads and writes
 # The oldest layout this build reads (and writes, while Redis holds it): a rolling change to
 # CURRENT leaves it one below, so this build runs beside the one before until the switch.
 OLDEST_READ = 3
+# From this layout on, compacted streams may lose messages (docs/compaction.md): the archive
+# workers compact only once every live process reads the gaps that leaves (v3 -> v4 rolls).
+COMPACTING = 4
 PRE_VERSIONING = 1  # the layout of data written before the marker existed
 LOCK_SECONDS = 60.0  # the migration lock's expiry, renewed every third of it while steps run
 

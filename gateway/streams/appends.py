@@ -26,7 +26,7 @@ import redis.exceptions
 from ..concurrency.batching import Batcher
 from ..features.hints import Hints
 from ..protocol.conditions import IfMatch
-from ..protocol.entries import LogEntry, flatten, positions, stored_bytes
+from ..protocol.entries import LogEntry, flatten, one_each, positions, stored_bytes
 from ..protocol.errors import ProtocolError, bad_request
 from ..protocol.headers import Producer
 from ..protocol.models import AppendResult, text
@@ -40,6 +40,7 @@ from ..redis_io.contracts import (
     AppendDup,
     AppendItem,
     AppendPartArgv,
+    AppendPending,
     AppendStream,
     status_of,
 )
@@ -230,6 +231,9 @@ class Appends:
         result = await _waiting_out_busy(lambda: self._run_alone(call))
         if status_of(result) != "pending":
             return result  # refused by its checks, a producer's duplicate, ...
+        entries = request.entries
+        if text(AppendPending(*result).one_each) == "1":  # a compacted stream: a message an entry
+            entries = one_each(entries)
         p = request.producer
         head = AppendPartArgv(
             token,
@@ -247,7 +251,7 @@ class Appends:
             keys.subs_outbox(sid, self.scripts.cluster),
         ]
         producer = f"{p.epoch} {p.seq} {p.id}".encode() if p else b""  # as add_entries stores it
-        for part in _steps(request.entries, STEP_BYTES):
+        for part in _steps(entries, STEP_BYTES, MAX_BATCH_ENTRIES):
             try:
                 result = await self._write_part(script_keys, head, producer, part)
             except UNAVAILABLE as exc:
@@ -376,12 +380,13 @@ def _reason(exc: redis.exceptions.ResponseError) -> str:
     return str(exc).rsplit(" caused error: ", 1)[-1][:200]
 
 
-def _steps(entries: list[LogEntry], limit: int) -> list[list[LogEntry]]:
-    """Entries in consecutive runs of at most ``limit`` stored bytes (one larger entry alone)."""
+def _steps(entries: list[LogEntry], limit: int, most: int) -> list[list[LogEntry]]:
+    """Entries in consecutive runs of at most ``limit`` stored bytes (one larger entry alone)
+    and ``most`` entries."""
     parts: list[list[LogEntry]] = [[]]
     size = 0
     for entry in entries:
-        if parts[-1] and size + len(entry[1]) > limit:
+        if parts[-1] and (size + len(entry[1]) > limit or len(parts[-1]) >= most):
             parts.append([])
             size = 0
         parts[-1].append(entry)

@@ -112,6 +112,14 @@ class Forks:
         point = anchor
         if spec.fork_sub_offset:
             point = await self._resolve_sub_offset(source, anchor, spec.fork_sub_offset)
+        if source.compaction and point < source.compacted.fork_floor:
+            # its history up to there lost versions that later messages replaced: not the
+            # stream as it was at that offset (docs/compaction.md)
+            raise ProtocolError(
+                409,
+                "Stream-Fork-Offset falls in the source's compacted part: fork at or after "
+                + offsets.encode(source.compacted.fork_floor),
+            )
         # The fork reads [0, point) from its ancestors: the source's own chain
         # cut at the fork point, then the source's own log up to it.
         own: InheritedRange = (source.sid, source.base, point, source.uid or LEGACY_INCARNATION)

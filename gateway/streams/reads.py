@@ -126,7 +126,10 @@ class Reads:
         if start is None:
             return chunk
         meta = chunk.meta
-        end = await self._answer_end(meta, chunk.start)
+        # A compacted stream's answer holds a chunk from its first kept message on: from
+        # inside a dropped part, one "from start" might hold none (and never move on).
+        begin = chunk.entries[0][0] if meta.gapped and chunk.entries else chunk.start
+        end = await self._answer_end(meta, begin)
         # The answer is [start, end) wherever its first page stopped (a hot and a cold
         # page from inside a message may hold more or fewer messages): exactly, always.
         entries = _before(chunk.entries, end) if chunk.page_end > end else chunk.entries
@@ -136,14 +139,15 @@ class Reads:
         """The next page of a streamed answer, from ``pos`` (where the previous one ended)
         towards ``until``. JSON pieces may hold several messages of one stored entry
         (entries.end_of). Data that went away meanwhile (retention) raises 410: sent
-        from the middle of an answer, that breaks the answer (http/catchup.py)."""
+        from the middle of an answer, that breaks the answer (http/catchup.py). Empty for
+        a compacted stream that kept nothing from ``pos`` to ``until``."""
         got: list[Entry] | None = None
         if pos >= meta.arch:  # in its own log when the answer began: no script needed unless it moved
             end = min(until, pos + self.page_bytes)
             got = await self.bulk(meta.sid, pos, end, meta.created, MAX_READ_ENTRIES, "", meta.is_json)
         if got is None:
             got = await self._span(meta, pos, until, self.page_bytes, grouped=True)
-        if not got:
+        if not got and not meta.gapped:  # (a compacted stream's: no message kept up to until)
             raise dropped(meta.floor)
         return got
 
@@ -336,7 +340,11 @@ class Reads:
         that start in [pos, end), joined (entries.end_of); the last may run past ``end``.
 
         Data below the tail never changes, so what the script decided still holds
-        if the entries are there; one MULTI reads them with the stream's identity.
+        if the entries are there; one MULTI reads them with the stream's identity. A
+        compacted stream's log has gaps where compaction dropped messages (whichever of
+        its versions this reads, readers end alike: docs/compaction.md): there a gap is
+        data, and only the log's start moving past ``pos`` (archived since) sends the
+        read back to the script.
         """
         meta_key, log_key = keys.stream_keys(sid)[:2]
         count = min(max_entries, MAX_READ_ENTRIES)
@@ -345,10 +353,10 @@ class Reads:
             pipe.xrevrange(log_key, offsets.entry_id(pos), "-", count=1)  # the entry holding pos
             if count > 1:
                 pipe.xrange(log_key, "(" + offsets.entry_id(pos), offsets.entry_id(end - 1), count=count - 1)
-            pipe.hmget(meta_key, "created", "uid")
+            pipe.hmget(meta_key, "created", "uid", "cmp", "arch")
 
         replies = await timed("read_bulk", self._bulk.pipeline(meta_key, queue, transaction=True))
-        first, (now_created, now_uid) = replies[0], replies[-1]
+        first, (now_created, now_uid, compacted, arch) = replies[0], replies[-1]
         rest = replies[1] if count > 1 else []
         if created is not None and (now_created is None or text(now_created) != created):
             return None
@@ -357,13 +365,20 @@ class Reads:
             or (incarnation != LEGACY_INCARNATION and (now_uid is None or text(now_uid) != incarnation))
         ):
             return None  # another incarnation, or none: asked again, read_range.lua says 'lost'
+        gaps = compacted is not None
+        if gaps and arch is not None and int(arch) > pos:
+            return None  # archived since the script looked
         out: list[Entry] = []
         at = pos  # where the next entry must start
         taken = 0
         for entry_id, fields in first + rest:
             start, data = int(entry_id.split(b"-", 1)[0]), fields[1]  # fields: d <data> t <ms> ...
             stop = end_of(start, data, whole)
-            in_place = start == at if taken else start <= pos < stop
+            if gaps:
+                if stop <= pos or start >= end:  # the entry before pos, or (one a message) past end
+                    continue
+                at = max(at, start)
+            in_place = start == at if taken or gaps else start <= pos < stop
             if not in_place:
                 return None  # a gap: trimmed or replaced meanwhile
             taken += 1
@@ -375,6 +390,8 @@ class Reads:
                 out.append(piece)
             at = stop
         capped = taken == count  # stopped by the entry bound: a shorter read, not a gap
+        if gaps:  # gaps up to end are dropped messages; none found: the script looks further
+            return out or None
         return out if out and (at >= end or capped) else None
 
     async def read_segments(

@@ -30,6 +30,7 @@ from ..features.listing import IndexSweep, Listing
 from ..features.snapshots import Snapshots
 from ..features.stats import Reader
 from ..features.subscriptions import Subscriptions
+from ..protocol import compaction
 from ..protocol.conditions import precondition_failed
 from ..protocol.entries import flatten, pack_messages
 from ..protocol.errors import ProtocolError
@@ -76,8 +77,10 @@ class Store:
         *,
         archive_hints: bool = True,
         stream_registry: bool = False,
+        compaction_prefixes: tuple[str, ...] = (),
     ) -> None:
         self._scripts = scripts
+        self._compaction_prefixes = compaction_prefixes  # --compaction-prefixes (docs/compaction.md)
         self._hints = Hints(scripts.redis, enabled=archive_hints)
         self._reads = Reads(scripts, cold, max_chunk_bytes, read_inline_bytes, read_page_bytes)
         self._appends = Appends(scripts, self._hints, notice_payload_bytes)
@@ -193,6 +196,9 @@ class Store:
             workers_alive="1" if record else "0",
             wake_channel=keys.SUBS_WAKE_CHANNEL,
             if_match=spec.if_match,
+            compaction=compaction.mode(
+                spec.compaction, media_type, keys.path_of(sid), self._compaction_prefixes
+            ),
         )
         result = await self._scripts.run(CREATE.name, script_keys, [*argv, *flatten(spec.entries)])
         status = status_of(result)

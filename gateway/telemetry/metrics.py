@@ -105,6 +105,20 @@ REDIS_RETRIES = Counter(
 # every restart, so it made a new series each time; the pod's own labels tell pods apart.
 ARCHIVED_BYTES = Counter("ds_archive_bytes_total", "Bytes moved from Redis to Parquet by this worker")
 ARCHIVE_FILES = Counter("ds_archive_files_total", "Parquet files written by this worker")
+# State compaction (workers/compactor.py, docs/compaction.md)
+COMPACTION_RUNS = Counter("ds_compaction_runs_total", "Compaction runs finished by this worker")
+COMPACTION_DROPPED_BYTES = Counter(
+    "ds_compaction_dropped_bytes_total", "Bytes of messages compaction dropped, by this worker"
+)
+COMPACTION_FOLDED_MESSAGES = Counter(
+    "ds_compaction_folded_messages_total", "Messages folded by this worker's compaction runs (again each run)"
+)
+COMPACTION_BEHIND = Gauge(
+    "ds_compaction_behind_seconds",
+    "How far behind its lag the last stream this worker compacted was: the age of its oldest "
+    "unfolded message minus --compaction-lag-seconds (0: caught up)",
+    multiprocess_mode="mostrecent",
+)
 # Read from Redis: every worker reports the same cluster-wide number, so sum() over
 # workers would multiply it by their count; aggregate with max().
 ARCHIVE_DUE = Gauge(

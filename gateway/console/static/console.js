@@ -232,6 +232,16 @@ function producerTable(entry) {
   return element("table", { className: "producers" }, element("caption", { textContent: caption }), element("thead", {}, head), element("tbody", {}, ...body));
 }
 
+// A compacted stream's compaction so far (the listing's "compaction": docs/compaction.md).
+function compactionFacts(c) {
+  const facts = [["Compaction", `${c.mode}: ${c.ratio}x (bytes written per byte kept)`]];
+  facts.push(["Compacted to", c.compacted_to_offset]);
+  facts.push(["Dropped", `${c.dropped_messages} messages, ${formatBytes(c.dropped_bytes)}`]);
+  facts.push(["Last compacted", c.last_run_at_ms ? formatTime(c.last_run_at_ms) : "not yet"]);
+  facts.push(["Not folded yet", formatBytes(c.lag_bytes)]);
+  return facts;
+}
+
 async function refresh() {
   const path = state.path;
   const [info, entry] = await Promise.all([state.api.head(path), detail(path)]);
@@ -247,6 +257,7 @@ async function refresh() {
     facts.push(["Size", formatBytes(entry.bytes)], ["Created", formatTime(entry.created_at_ms)]);
     facts.push(["Last write", formatTime(entry.last_write_at_ms)]);
     if (entry.forked_from) facts.push(["Forked from", entry.forked_from]);
+    if (entry.compaction) facts.push(...compactionFacts(entry.compaction));
   }
   if (info.ttl) facts.push(["Time to live", `${info.ttl} s (sliding)`]);
   if (info.expiresAt) facts.push(["Expires at", info.expiresAt]);
