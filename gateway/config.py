@@ -497,6 +497,13 @@ class Settings:
         parse=_whole(0),
         commands=ARCHIVE,
     )
+    compaction_interval_seconds: float = setting(
+        10.0,
+        "at most one compaction run of a stream in this many seconds (a run folds what it kept "
+        "again: a busy stream is not re-folded on every append's hint)",
+        parse=_number(),
+        commands=ARCHIVE,
+    )
     compaction_tombstone_seconds: float = setting(
         86400.0,
         "how long a compacted delete is kept once folded: a reader away longer than this "

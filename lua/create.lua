@@ -15,8 +15,11 @@
 --   outbox, to be matched; else only if it has links), 17 wake_channel: the channel that
 --   wakes subscription workers, 18 if_match: If-Match ('' none; else as for append.lua:
 --   the prelude's if_match), 19 compaction: 'state' for a stream compacted by key
---   (recorded as 'cmp', docs/compaction.md), '' none, 20.. entries: initial entries
---   (pairs: the positions each takes, its bytes; see add_entries).
+--   (recorded as 'cmp', docs/compaction.md), '' none, 20 compaction_asked: '1' when the
+--   PUT said (an existing stream must then say the same; else a policy decided),
+--   21 gaps: '1' for a fork whose inherited part may have gaps (a compacted ancestor;
+--   recorded as 'gaps'), 22.. entries: initial entries (pairs: the positions each takes,
+--   its bytes; see add_entries).
 -- KEYS: the five stream keys, 6 its subscription links, 7 its slot's stream index
 --   (keys.stream_index: the stream is listed there while it lives), 8 the created last
 --   given at this path (keys.stream_born), 9 its slot's outbox.
@@ -44,7 +47,7 @@ if status == 'ok' then
     -- a fork of another stream at the same path is not the same fork (one made
     -- before incarnations were recorded has none: its source is pinned, so the same)
     and (m.src_uid == nil or m.src_uid == src_uid)
-    and (m.cmp or '') == ARGV[19]
+    and (ARGV[20] ~= '1' or (m.cmp or '') == ARGV[19])
   if same then
     touch(m, now, 0)
     redis.call('ZADD', INDEX, 0, stream_sid())  -- a stream made before the index: listed now
@@ -67,7 +70,8 @@ if src ~= '' then
   if weak == '1' then m.weak = '1' end
 end
 if ARGV[19] ~= '' then m.cmp = ARGV[19] end
-m.tail = fmt(add_entries(m, 20, #ARGV, now))
+if ARGV[21] == '1' then m.gaps = '1' end
+m.tail = fmt(add_entries(m, 22, #ARGV, now))
 if closed == '1' then m.closed = '1' end
 redis.call('HSET', META, unpack(flat(m)))
 redis.call('ZADD', INDEX, 0, stream_sid())

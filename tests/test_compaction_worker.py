@@ -35,7 +35,7 @@ from .conftest import ready_worker
 from .test_compaction_rules import apply_merge, make_history, model
 
 JSON = {"Content-Type": "application/json"}
-NOW = CompactionPolicy(lag_ms=0, lag_bytes=0, tombstone_ms=3_600_000)
+NOW = CompactionPolicy(lag_ms=0, lag_bytes=0, tombstone_ms=3_600_000, min_interval_ms=0)
 # Archive nothing unless a test says so (a hot window no stream here reaches).
 NO_ARCHIVE = Policy(hot_bytes=1 << 40, hot_ms=0, min_bytes=1 << 20, max_delay_ms=0)
 HOT0 = Policy(
@@ -101,8 +101,8 @@ async def test_the_header(http, gateway, redis):
         assert r.headers["Stream-Compaction"] == "state"
     for headers, status in (
         ({"Stream-Compaction": "state"}, 200),  # the same: idempotent
-        ({}, 409),  # not the same
-        ({"Stream-Compaction": "none"}, 409),
+        ({}, 200),  # not said: as it is (a policy may have decided, and may have changed since)
+        ({"Stream-Compaction": "none"}, 409),  # said otherwise
     ):
         async with http.put(url, headers={**JSON, **headers}) as r:
             assert r.status == status, headers
@@ -288,7 +288,8 @@ async def test_workers_killed_and_paused_never_drop_a_kept_message(
            "--archive-hot-bytes", "3000", "--archive-hot-seconds", "0", "--archive-min-bytes", "0",
            "--archive-max-delay", "0", "--archive-interval", "0.01", "--archive-lease-seconds", "1",
            "--compaction-lag-seconds", "0", "--compaction-lag-bytes", "300",
-           "--compaction-tombstone-seconds", "3600", "--log-level", "error"]  # fmt: skip
+           "--compaction-tombstone-seconds", "3600", "--compaction-interval-seconds", "0",
+           "--log-level", "error"]  # fmt: skip
     done = asyncio.Event()
     n = 0
 
@@ -399,3 +400,33 @@ async def test_nothing_is_dropped_before_layout_v4_is_written(http, gateway, red
     archiver.compactor.writing = lambda: 4  # switched
     await archiver.archive_stream(sid_of(url))
     assert (await read_all(http, url))[0] == history[-1:]
+
+
+@pytest.mark.parametrize("below", ["archived", "forked"])
+async def test_deletes_stay_where_the_fold_does_not_start_at_the_beginning(
+    http, gateway, redis, archive_dir, below
+):
+    """An older write of a deleted key below where runs fold (archived, or below a fork
+    point) would come back to life without its delete: such streams keep their deletes."""
+    url = f"{gateway}/compaction-keep-deletes-{below}-{random.randrange(1 << 30)}"
+    first = [{"type": "t", "key": "a", "value": {"v": 1}, "headers": {"operation": "insert"}}]
+    first += [
+        {"type": "t", "key": "b", "value": {"v": n}, "headers": {"operation": "upsert"}} for n in range(3)
+    ]
+    later = [{"type": "t", "key": "a", "headers": {"operation": "delete"}}]
+    later += [
+        {"type": "t", "key": "c", "value": {"v": n}, "headers": {"operation": "upsert"}} for n in range(3)
+    ]
+    await create(http, url)
+    await append(http, url, first)
+    sid = sid_of(url)
+    if below == "archived":
+        await worker(redis, archive_dir, HOT0).archive_stream(sid)
+        assert int(await redis.hget(keys.stream_keys(sid)[0], "arch")) > 0
+    else:
+        async with http.put(url + "-fork", headers={**JSON, "Stream-Forked-From": urlsplit(url).path}) as r:
+            assert r.status == 201
+    await append(http, url, later)
+    await worker(redis, archive_dir, tombstone_ms=0).archive_stream(sid)
+    got, _ = await read_all(http, url)
+    assert later[0] in got and model(got) == model(first + later)

@@ -318,8 +318,8 @@ CREATE = source("create")
     [
         ("1 content_type:", "1 media_type:"),  # renamed (a duplicate of the second)
         ("3 ttl_seconds:", "3 ttl:"),  # renamed
-        ("20.. entries:", "20.. data:"),  # the tail renamed
-        ("20.. entries:", "20 entries:"),  # the tail made a fixed item
+        ("22.. entries:", "22.. data:"),  # the tail renamed
+        ("22.. entries:", "22 entries:"),  # the tail made a fixed item
         ("4 expires_at_ms:", "5 expires_at_ms:"),  # numbered out of order
         ("{'precondition_failed', tail, created}", "{'precondition_failed', created, tail}"),
         ("{'created', meta}", "{'created', meta[, more]}"),  # a field Python lacks

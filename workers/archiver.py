@@ -267,22 +267,22 @@ class Archiver:
                 await self.hint(sid, now_ms() + 1000)  # someone else is on it; look again soon
                 return
             try:
-                for _ in range(10_000):  # each round moves the log's start, or ends
+                for n in range(10_000):  # each round moves the log's start, or ends
                     lease.check()
-                    if not await self._round(lease):
+                    if not await self._round(lease, compact=n == 0):
                         return
                     self.heartbeat.beat()
             except LeaseLost:
                 log.warning("lost the lease of %s during a round; stopped it", keys.path_of(sid))
                 await self.hint(sid, now_ms() + 1000)
 
-    async def _round(self, lease: Lease) -> bool:
-        """One step of work on a stream; False when there is nothing more to do now."""
+    async def _round(self, lease: Lease, compact: bool = True) -> bool:
+        """One step of work on a stream; False when there is nothing more to do now.
+        ``compact``: a compacted stream's compaction run first (one a take of the stream)."""
         sid = lease.sid
-        raw = await self.redis.hgetall(keys.stream_keys(sid)[0])
-        if not raw:
+        meta = await self._meta(sid)
+        if meta is None:
             return False
-        meta = {text(k): text(v) for k, v in raw.items()}
         inc = meta.get("inc") or uuid.uuid4().hex[:16]
         members = cast(
             ScoredMembers, await self.redis.zrange(keys.segments(sid, inc), 0, -1, withscores=True)
@@ -296,12 +296,14 @@ class Archiver:
             return await self.files.write_and_commit(lease, meta, inc, Job(pending[0], None))
         if self.policy.retention_ms and committed:
             await self.files.retain(lease, inc, now_ms() - self.policy.retention_ms)
-        if meta.get("cmp"):  # State compaction first: what is archived of such a stream was folded
+        if compact and meta.get("cmp"):  # compaction first: what is archived of such a stream was folded
             outcome = await self.compactor.run(lease, meta)
             if outcome.again_ms:
                 await self.hint(sid, outcome.again_ms)
-            if outcome.moved:
-                return True  # plan again from what Redis says now
+            if outcome.moved or outcome.dropped:
+                meta = await self._meta(sid)  # archive from what Redis says now
+                if meta is None:
+                    return False
         job = await self._plan(lease, meta, inc, committed[-1] if committed else None)
         if job is None:
             return False
@@ -309,6 +311,10 @@ class Archiver:
         if status == "ok":
             return await self.files.write_and_commit(lease, meta, inc, job)
         return status in ("busy", "moved")  # plan again from what Redis says now
+
+    async def _meta(self, sid: str) -> dict[str, str] | None:
+        raw = await self.redis.hgetall(keys.stream_keys(sid)[0])
+        return {text(k): text(v) for k, v in raw.items()} if raw else None
 
     async def _plan(self, lease: Lease, meta: dict[str, str], inc: str, last: Segment | None) -> Job | None:
         """The next range to archive, or None (nothing due; re-hinted for later).

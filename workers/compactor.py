@@ -60,6 +60,7 @@ class CompactionPolicy:
     lag_bytes: int = Settings.compaction_lag_bytes
     tombstone_ms: int = int(Settings.compaction_tombstone_seconds * 1000)
     step_positions: int = STEP_POSITIONS
+    min_interval_ms: int = int(Settings.compaction_interval_seconds * 1000)  # between runs of a stream
 
     @classmethod
     def of(cls, settings: Settings) -> CompactionPolicy:
@@ -67,6 +68,7 @@ class CompactionPolicy:
             lag_ms=int(settings.compaction_lag_seconds * 1000),
             lag_bytes=settings.compaction_lag_bytes,
             tombstone_ms=int(settings.compaction_tombstone_seconds * 1000),
+            min_interval_ms=int(settings.compaction_interval_seconds * 1000),
         )
 
 
@@ -99,19 +101,21 @@ class _Entries:
             for position, _ in held:
                 self._grouped[position] = counter
 
-    def doomed(self, order: list[int]) -> list[int]:
+    def doomed(self, order: list[int]) -> tuple[list[int], bool]:
         """The entries to delete for dropped messages ``order``, in that order (an entry goes
-        with its last message)."""
-        out = []
+        with its last message), and whether some dropped message stays, its entry's others
+        kept (then a dropped write may outlive its key's delete)."""
+        out, touched = [], []
         for position in order:
             counter = self._grouped.get(position)
             if counter is None:
                 out.append(position)
             else:
                 counter[1] -= 1
+                touched.append(counter)
                 if counter[1] == 0:
                     out.append(counter[0])
-        return out
+        return out, any(counter[1] for counter in touched)
 
     def size(self, position: int) -> int:
         return self.sizes[bisect.bisect_left(self.positions, position)]
@@ -131,17 +135,28 @@ class Compactor:
             self._raw.set_response_callback("XRANGE", lambda response, **options: response)
 
     async def run(self, lease: Lease, meta: dict[str, str]) -> Outcome:
-        """One run on the lease's stream (``meta``: its meta hash as just read)."""
+        """One run on the lease's stream (``meta``: its meta hash as just read), if one is due."""
         if not meta.get("cmp") or meta.get("deleted"):
             return Outcome()
         writing = self.writing()
         if writing is None or writing < layout.COMPACTING:  # (the rolling change not finished)
             return Outcome(again_ms=now_ms() + 60_000)
-        now, policy = now_ms(), self.policy
-        upto, barrier = int(meta.get("cto") or 0), int(meta.get("fkmax") or 0)
-        start = max(int(meta.get("arch") or meta["base"]), int(meta["base"]), barrier)
-        young, edge = now - policy.lag_ms, int(meta["tail"]) - policy.lag_bytes
+        now, policy = await self._now(lease.sid), self.policy
+        upto, running_to = int(meta.get("cto") or 0), int(meta.get("cnext") or 0)
+        barrier, base = int(meta.get("fkmax") or 0), int(meta["base"])
+        start = max(int(meta.get("arch") or base), base, barrier)
+        # A delete may go only where nothing readable comes before the fold: a write of its key
+        # there (archived, inherited, or below a fork point) would come back to life.
+        whole = start == 0
+        closed = meta.get("closed") == "1"  # nobody appends: the byte lag protects no tail
+        young, edge = now - policy.lag_ms, int(meta["tail"]) - (0 if closed else policy.lag_bytes)
         folded_at = await self._fold_times(lease.sid, meta["created"])
+        eligible, when = await self._waiting(lease.sid, max(upto, start), young, edge)
+        expiring = whole and any(ms < now - policy.tombstone_ms for ms in folded_at.values())
+        if not eligible and not expiring:  # nothing new past the lag, no delete due: no fold
+            return Outcome(again_ms=max(when, now + 1000) if when else 0)
+        if int(meta.get("cat") or 0) > now - policy.min_interval_ms and not closed:
+            return Outcome(again_ms=int(meta["cat"]) + policy.min_interval_ms)
         retained = Retained()
         order: list[int] = []
         entries = _Entries()
@@ -166,17 +181,24 @@ class Compactor:
                 break
         metrics.COMPACTION_FOLDED_MESSAGES.inc(folded)
         metrics.COMPACTION_BEHIND.set(max(0, young - oldest) / 1000 if oldest else 0)
-        expired = retained.expired_tombstones(now - policy.tombstone_ms, keep_from=last)
-        kept_deletes = retained.tombstones()
-        if kept_deletes:  # look again when the first kept delete's retention ends (if nothing comes first)
-            due = min(ms for _, ms in kept_deletes) + policy.tombstone_ms + 1
-            again = min(again, due) if again else due
-        if to <= upto and not expired:
+        doomed, partial = entries.doomed(order)
+        if whole and not partial:  # (a message kept for its entry's sake may be a write of a deleted key)
+            expired = retained.expired_tombstones(now - policy.tombstone_ms, keep_from=last)
+            doomed += entries.doomed(expired)[0]
+            expirable = [ms for position, ms in retained.tombstones() if position < last]
+            if expirable:  # look again when the first kept delete's retention ends (unless sooner)
+                due = min(expirable) + policy.tombstone_ms + 1
+                again = min(again, due) if again else due
+        if again:
+            again = max(again, now + 1000)
+        to = max(to, upto, running_to)  # (a longer lag since, a run that died: never moves back)
+        tombstones = [
+            f"{position}:{ms}"
+            for position, ms in retained.tombstones()
+            if position >= upto or position not in folded_at
+        ]
+        if not doomed and to <= upto and not tombstones:
             return Outcome(again_ms=again)
-        order += expired
-        to = max(to, upto)  # (a longer lag since: the fold point never moves back)
-        tombstones = [f"{position}:{ms}" for position, ms in kept_deletes if position >= upto]
-        doomed = entries.doomed(order)
         size = sum(entries.size(position) for position in doomed)
         dropped = await self._apply(lease, meta, upto, barrier, to, doomed, entries, tombstones)
         if dropped is None:
@@ -184,6 +206,27 @@ class Compactor:
         metrics.COMPACTION_RUNS.inc()
         metrics.COMPACTION_DROPPED_BYTES.inc(size)
         return Outcome(to > upto, dropped, size, again)
+
+    async def _now(self, sid: str) -> int:
+        """Redis' clock (ms), the one the append times are on (a worker's may be off)."""
+        stream = keys.stream_keys(sid)[0]
+        seconds, micros = await self.leases.scripts.command(stream, "TIME")
+        return int(seconds) * 1000 + int(micros) // 1000
+
+    async def _waiting(self, sid: str, since: int, young: int, edge: int) -> tuple[bool, int]:
+        """Whether a message from ``since`` on is past the lag (a run has something to fold);
+        if not, when one will be by time (ms; 0: none there, or held by the byte lag: the
+        appends that move it hint the stream again)."""
+        stream = keys.stream_keys(sid)[1]
+        page = cast(LogPage, await self.redis.xrange(stream, min=offsets.entry_id(since), max="+", count=1))
+        if not page:
+            return False, 0
+        entry_id, fields = page[0]
+        appended, position = int(fields[b"t"]), int(entry_id.split(b"-", 1)[0])
+        held = messages(position, fields[b"d"])
+        if appended <= young and held[-1][0] + len(held[-1][1]) <= edge:
+            return True, 0
+        return False, appended + self.policy.lag_ms + 1 if appended > young else 0
 
     async def _apply(
         self,

@@ -86,6 +86,7 @@ class Meta:
     uid: str | None = None  # this incarnation's id, given when it is first forked (fork_ref.lua)
     snapshot: int | None = None  # where its latest application snapshot is (features/snapshots.py)
     compaction: str = ""  # 'state': compacted by key (docs/compaction.md); '' never
+    inherits_gaps: bool = False  # 'gaps': a fork with a compacted ancestor
     compacted: Compacted = field(default_factory=Compacted)
 
     @classmethod
@@ -109,6 +110,7 @@ class Meta:
             uid=m.get("uid"),
             snapshot=int(m["snap"]) if "snap" in m else None,
             compaction=m.get("cmp", ""),
+            inherits_gaps=m.get("gaps") == "1",
             compacted=Compacted.parse(m) if "cmp" in m else Compacted(),
         )
 
@@ -120,7 +122,7 @@ class Meta:
     def gapped(self) -> bool:
         """Whether reads may find no message where positions are: compaction dropped them
         (its own log's, or an ancestor's a fork inherits; docs/compaction.md)."""
-        return bool(self.compaction or self.chain) and self.is_json
+        return bool(self.compaction or self.inherits_gaps) and self.is_json
 
 
 @dataclass

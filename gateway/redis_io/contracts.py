@@ -105,6 +105,8 @@ class CreateArgv(NamedTuple):
     wake_channel: str
     if_match: str
     compaction: str  # 'state' | ''
+    compaction_asked: str  # '1' | '0'
+    gaps: str  # '1' | '0'
 
 
 class CreateDone(NamedTuple):  # 'created' | 'exists'

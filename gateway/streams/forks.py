@@ -112,7 +112,7 @@ class Forks:
         point = anchor
         if spec.fork_sub_offset:
             point = await self._resolve_sub_offset(source, anchor, spec.fork_sub_offset)
-        if source.compaction and point < source.compacted.fork_floor:
+        if source.compaction and source.base <= point < source.compacted.fork_floor:
             # its history up to there lost versions that later messages replaced: not the
             # stream as it was at that offset (docs/compaction.md)
             raise ProtocolError(

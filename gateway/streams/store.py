@@ -196,6 +196,8 @@ class Store:
             workers_alive="1" if record else "0",
             wake_channel=keys.SUBS_WAKE_CHANNEL,
             if_match=spec.if_match,
+            compaction_asked="0" if spec.compaction is None else "1",
+            gaps="1" if fork and fork.source.gapped else "0",
             compaction=compaction.mode(
                 spec.compaction, media_type, keys.path_of(sid), self._compaction_prefixes
             ),
