@@ -430,3 +430,33 @@ async def test_deletes_stay_where_the_fold_does_not_start_at_the_beginning(
     await worker(redis, archive_dir, tombstone_ms=0).archive_stream(sid)
     got, _ = await read_all(http, url)
     assert later[0] in got and model(got) == model(first + later)
+
+
+async def test_a_segment_left_pending_by_a_lost_worker_does_not_skip_the_next_run(
+    http, gateway, redis, archive_dir
+):
+    """A take of a stream first finishes a segment a killed worker staged, then compacts:
+    the take's one run is not spent on the pending segment's round."""
+    url = f"{gateway}/compaction-pending-{random.randrange(1 << 30)}"
+    versions = [
+        {"type": "t", "key": f"k{n % 3}", "value": {"v": n}, "headers": {"operation": "upsert"}}
+        for n in range(30)
+    ]
+    await create(http, url)
+    await append(http, url, versions[:15])
+    sid = sid_of(url)
+    killed = worker(redis, archive_dir, HOT0)
+
+    async def die(*args: Any) -> bool:
+        raise RuntimeError("killed while writing its segment")
+
+    killed.files.write_and_commit = die  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError):
+        await killed.archive_stream(sid)  # compacted, then staged a segment and died
+    await append(http, url, versions[15:])
+    await worker(redis, archive_dir, HOT0).archive_stream(sid)
+    meta = await redis.hgetall(keys.stream_keys(sid)[0])
+    assert int(meta[b"arch"]) > 0  # the pending segment was written
+    got, _ = await read_all(http, url)
+    # (archived versions stay as archived) and the later versions folded in the same take
+    assert got == versions[12:15] + versions[-3:]

@@ -102,6 +102,13 @@ class Policy:
     row_group_bytes: int = 4 * 1024 * 1024  # the unit a cold read fetches
 
 
+@dataclass
+class _Take:
+    """One hold of a stream's lease: the rounds it runs share this."""
+
+    compacted: bool = False  # its compaction run happened (one a take, then archiving)
+
+
 class Archiver:
     """The worker's loop (announce, reconcile now and then, archive what is due) and one
     stream's rounds, around its parts: ``leases``, ``finder`` and ``files``."""
@@ -267,18 +274,20 @@ class Archiver:
                 await self.hint(sid, now_ms() + 1000)  # someone else is on it; look again soon
                 return
             try:
-                for n in range(10_000):  # each round moves the log's start, or ends
+                take = _Take()
+                for _ in range(10_000):  # each round moves the log's start, or ends
                     lease.check()
-                    if not await self._round(lease, compact=n == 0):
+                    if not await self._round(lease, take):
                         return
                     self.heartbeat.beat()
             except LeaseLost:
                 log.warning("lost the lease of %s during a round; stopped it", keys.path_of(sid))
                 await self.hint(sid, now_ms() + 1000)
 
-    async def _round(self, lease: Lease, compact: bool = True) -> bool:
+    async def _round(self, lease: Lease, take: _Take) -> bool:
         """One step of work on a stream; False when there is nothing more to do now.
-        ``compact``: a compacted stream's compaction run first (one a take of the stream)."""
+        A compacted stream's compaction runs first, once a ``take`` of the stream (after a
+        segment a lost worker left pending: that range is not Redis' to change then)."""
         sid = lease.sid
         meta = await self._meta(sid)
         if meta is None:
@@ -296,7 +305,8 @@ class Archiver:
             return await self.files.write_and_commit(lease, meta, inc, Job(pending[0], None))
         if self.policy.retention_ms and committed:
             await self.files.retain(lease, inc, now_ms() - self.policy.retention_ms)
-        if compact and meta.get("cmp"):  # compaction first: what is archived of such a stream was folded
+        if meta.get("cmp") and not take.compacted:  # compaction first: what is archived was folded
+            take.compacted = True
             outcome = await self.compactor.run(lease, meta)
             if outcome.again_ms:
                 await self.hint(sid, outcome.again_ms)
