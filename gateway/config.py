@@ -504,6 +504,13 @@ class Settings:
         parse=_number(),
         commands=ARCHIVE,
     )
+    compaction_archive_ratio: float = setting(
+        0.5,
+        "fold a compacted stream's archived segments again (rewriting those with messages to "
+        "drop) once what was folded since the last time reaches this share of what that kept",
+        parse=_number(),
+        commands=ARCHIVE,
+    )
     compaction_tombstone_seconds: float = setting(
         86400.0,
         "how long a compacted delete is kept once folded: a reader away longer than this "

@@ -11,7 +11,10 @@
 --   run folds up to, 6 last: '1' for its last step, 7 dropped_bytes: the bytes of the
 --   messages this step drops, 8 tombstones: deletes folded by this run, a share of them a
 --   step, "<position>:<ms> ..." ('' none), 9 keep_ms: how long the
---   fold record lives, 10.. positions: the dropped messages' positions.
+--   fold record lives, 10 forget: positions of archived deletes dropped (the run replaced
+--   their segments), "<position> ..." ('' none), 11 deep: on a deep run's last step (it
+--   folded the archive: workers/compacted_segments.py) "<to> <kept bytes>": where it folded
+--   to and the bytes it kept, for pacing the next ('' none), 12.. positions: the dropped messages' positions.
 -- Returns {'ok', deleted (entries deleted)} | {'moved'} (the stream changed under the run:
 --   plan again) | {'missing'} | {'lost'} (the lease is not this worker's: nothing changed).
 if not holds_lease() then return {'lost'} end
@@ -24,7 +27,7 @@ if not m.cmp or (m.cto or '0') ~= ARGV[3] or (m.fkmax or '0') ~= ARGV[4] or to >
   return {'moved'}
 end
 local low = math.max(tonumber(m.arch or m.base), tonumber(m.fkmax or '0'))
-for i = 10, #ARGV do
+for i = 12, #ARGV do
   local pos = tonumber(ARGV[i])
   if pos < low or pos >= to then return {'moved'} end
 end
@@ -33,10 +36,11 @@ if redis.call('HGET', FOLD, 'created') ~= m.created then
   redis.call('HSET', FOLD, 'created', m.created)
 end
 local deleted = 0
-for i = 10, #ARGV do
+for i = 12, #ARGV do
   deleted = deleted + redis.call('XDEL', LOG, eid(tonumber(ARGV[i])))
 end
-if #ARGV >= 10 then redis.call('HDEL', FOLD, unpack(ARGV, 10)) end
+if #ARGV >= 12 then redis.call('HDEL', FOLD, unpack(ARGV, 12)) end
+for pos in string.gmatch(ARGV[10], '%d+') do redis.call('HDEL', FOLD, pos) end
 local fields = {'cnext', ARGV[5]}
 if deleted > 0 then
   m.cgen = fmt(tonumber(m.cgen or '0') + 1)
@@ -50,6 +54,10 @@ if ARGV[6] == '1' then
   fields[1], fields[2] = 'cto', ARGV[5]
   fields[#fields + 1] = 'cat'
   fields[#fields + 1] = fmt(now_ms())
+  local cac, cak = string.match(ARGV[11], '^(%d+) (%d+)$')
+  if cac then
+    for _, v in ipairs({'cac', cac, 'cak', cak}) do fields[#fields + 1] = v end
+  end
 end
 redis.call('HSET', META, unpack(fields))
 redis.call('PEXPIRE', FOLD, ARGV[9])

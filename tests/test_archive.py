@@ -610,3 +610,14 @@ async def test_a_read_rides_out_merges_that_delete_its_file(http, redis, redis_u
         print(f"both reads answered in {took:.2f} s")
     finally:
         await server.close()
+
+
+def test_a_missing_archive_file_fails_its_stream_not_the_pass():
+    """A file of one stream's gone (deleted by hand, another archive's stream): that stream
+    is retried later (Archiver._take), the pass goes on; Redis out of reach ends the pass."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from workers.archive_scan import unavailable
+
+    assert not unavailable(FileNotFoundError(2, "No such file", "date=x/a.parquet"))
+    assert unavailable(RedisConnectionError("refused")) and unavailable(ConnectionRefusedError())

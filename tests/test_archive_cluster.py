@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import orjson
 import pytest
 from prometheus_client import REGISTRY
 from redis.asyncio import RedisCluster
@@ -36,6 +37,7 @@ from gateway.protocol import offsets
 from gateway.redis_io import keys
 from gateway.redis_io.scripts import connect_scripts, replica_ack
 from workers.archiver import Archiver, Policy, now_ms
+from workers.compactor import CompactionPolicy
 
 from .cluster import Cluster, Node
 from .conftest import read_all, start_gateway, terminate
@@ -196,6 +198,40 @@ async def test_streams_on_every_primary_are_archived(cluster, client, cluster_ar
                 )
                 assert after == before[sid], (node, sid)
                 assert b"".join(t[2] for t in after[0]) == data[sid]
+
+
+async def test_state_compaction_on_every_primary(cluster, client, cluster_archive, http):
+    """Compacted streams on every primary: runs drop in Redis and replace archived segments
+    (a deep run), fenced by scripts routed to each stream's primary; reads are what a fold of
+    the whole history keeps."""
+    spread = sids_on(cluster, "compacted", 1)
+    policy = CompactionPolicy(lag_ms=0, lag_bytes=0, tombstone_ms=3_600_000, min_interval_ms=0, dirty_ratio=0)
+    versions = [
+        {"type": "t", "key": f"k{n % 4}", "value": {"v": n}, "headers": {"operation": "upsert"}}
+        for n in range(40)
+    ]
+    json = {"Content-Type": "application/json"}
+    async with (
+        gateway_on(cluster, cluster_archive) as base,
+        worker_on(
+            cluster, cluster_archive, dataclasses.replace(WINDOW, hot_bytes=0), compaction=policy
+        ) as worker,
+    ):
+        for sid in every_sid(spread):
+            url = f"{base}/{sid}"
+            async with http.put(url, headers={**json, "Stream-Compaction": "state"}) as r:
+                assert r.status == 201, await r.text()
+            for part in (versions[:20], versions[20:]):  # archived, then made redundant
+                async with http.post(url, data=orjson.dumps(part), headers=json) as r:
+                    assert r.status in (200, 204), await r.text()
+                await worker.archive_stream(sid)
+            meta = await meta_of(client, sid)
+            assert int(meta["arch"]) > 0 and int(meta["cdropn"]) == 36 and meta["cac"], meta
+            async with http.get(url, params={"offset": "-1"}) as r:
+                got = orjson.loads(await r.read())
+            for item in got:  # (State messages are read with their offsets: headers.offset)
+                item["headers"].pop("offset", None)
+            assert got == versions[-4:], sid
 
 
 async def test_the_archive_command_on_a_cluster(cluster, client, cluster_archive, http, tmp_path):

@@ -251,6 +251,8 @@ async def test_a_stale_token_changes_nothing(http, url, redis, archive_dir):
         ("archive_commit", (inc, segment.member)),
         ("archive_forget", (inc, segment.member)),
         ("archive_retain", (inc, 2**50)),
+        ("archive_replace", (inc, "stage", segment.member, later.member, 0, 0, 0, 0)),
+        ("archive_replace", (inc, "commit", segment.member, later.member, 0, 0, 0, 0)),
         ("archive_check", (inc,)),
         ("archive_lease", (60_000,)),
         ("archive_lease", (0,)),

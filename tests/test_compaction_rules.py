@@ -397,6 +397,11 @@ async def put_stream(
         assert r.status == 201, await r.text()
 
 
+async def post_messages(http: aiohttp.ClientSession, url: str, messages: list[Any]) -> None:
+    async with http.post(url, data=orjson.dumps(messages), headers={"Content-Type": "application/json"}) as r:
+        assert r.status in (200, 204), await r.text()
+
+
 async def test_the_official_materializers_agree(
     node: str, redis_url: str, http: aiohttp.ClientSession, tmp_path: Path
 ) -> None:
@@ -413,14 +418,23 @@ async def test_the_official_materializers_agree(
             names = {kind: f"{gateway}/compaction-referee-{kind}-{tag}" for kind in ("full", "compacted")}
             await put_stream(http, names["full"], full)
             # compacted by the worker (workers/compactor.py), tombstones kept or all dropped,
-            # then half the time archived: StreamDB reads what a real stream keeps
-            await put_stream(http, names["compacted"], full, compacted=True)
-            policy = CompactionPolicy(lag_ms=0, lag_bytes=0, tombstone_ms=rnd.choice((0, 3_600_000)))
+            # half the time archived, then (when archived) the rest appended and the archived
+            # segments compacted again (a deep run): StreamDB reads what a real stream keeps
             hot = rnd.choice((0, 1 << 40))
+            split = rnd.randint(1, len(full)) if hot == 0 else len(full)
+            await put_stream(http, names["compacted"], full[:split], compacted=True)
+            policy = CompactionPolicy(
+                lag_ms=0, lag_bytes=0, tombstone_ms=rnd.choice((0, 3_600_000)), min_interval_ms=0,
+                dirty_ratio=0,
+            )  # fmt: skip
             worker = Archiver(
                 redis, Archive(archive), Policy(hot_bytes=hot, hot_ms=0, max_delay_ms=0), compaction=policy
             )
-            await worker.archive_stream(keys.stream_id(names["compacted"].split("/v1/stream/", 1)[1]))
+            sid = keys.stream_id(names["compacted"].split("/v1/stream/", 1)[1])
+            await worker.archive_stream(sid)
+            if split < len(full):
+                await post_messages(http, names["compacted"], full[split:])
+                await worker.archive_stream(sid)
             cases.append({"history": full, "readers": [], "db": names})
         path.write_bytes(orjson.dumps({"cases": cases}))
         proc = await asyncio.to_thread(

@@ -12,6 +12,7 @@ whole history (tests/test_compaction_rules.py has the models and the official re
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import random
 import signal
 import sys
@@ -24,6 +25,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from gateway.archive.files import Archive
+from gateway.archive.segments import Segment
 from gateway.protocol import offsets
 from gateway.protocol.compaction import compact
 from gateway.redis_io import keys
@@ -167,6 +169,65 @@ async def test_reads_of_a_compacted_stream_are_what_the_rules_keep(http, gateway
     meta = await redis.hgetall(keys.stream_keys(sid)[0])
     assert int(meta[b"arch"]) == int(meta[b"cto"]) > 0
     assert (await read_all(http, url))[0] == expected
+
+
+@pytest.mark.parametrize("seed", range(8))
+async def test_archived_segments_are_compacted_too(http, gateway, redis, archive_dir, seed):
+    """A worker that archives as it goes (small files, merged) folds the archive again in
+    deep runs: segments are replaced by files of what the rules keep, and reads from every
+    offset, cold or hot, are what a fold of the whole history keeps; deletes expire on a
+    stream folded from its beginning, archived ones too."""
+    rnd = random.Random(1000 + seed)
+    history = make_history(rnd, rnd.randint(60, 200), keys=rnd.randint(1, 8), resets=True, others=True)
+    url = f"{gateway}/compaction-archived-{seed}-{random.randrange(1 << 30)}"
+    await create(http, url)
+    sid = sid_of(url)
+    tombstone_ms = rnd.choice((0, 3_600_000))
+    files = Policy(hot_bytes=0, hot_ms=0, min_bytes=rnd.choice((1, 400)), max_delay_ms=0, file_bytes=1500)
+    archiver = worker(
+        redis, archive_dir, files, step_positions=rnd.choice((3, 1000)), dirty_ratio=rnd.choice((0, 0.5)),
+        tombstone_ms=tombstone_ms,
+    )  # fmt: skip
+    at, replaced = 0, set()
+    while at < len(history):
+        n = rnd.randint(1, 12)
+        await append(http, url, history[at : at + n])
+        at += n
+        if rnd.random() < 0.4:
+            await archiver.archive_stream(sid)
+            names = [s.file.rsplit("-", 1)[-1] for s in await archived(redis, sid)]
+            replaced |= {name for name in names if name.startswith("c")}  # (segments.compacted_name)
+    final = worker(redis, archive_dir, files, dirty_ratio=0, tombstone_ms=tombstone_ms)
+    await final.archive_stream(sid)
+    await asyncio.sleep(0.005)  # (deletes folded by that run are past a retention of 0 after it)
+    await final.archive_stream(sid)  # (nothing new: a deep run only if a delete is due)
+    meta = await redis.hgetall(keys.stream_keys(sid)[0])
+    assert int(meta[b"arch"]) > 0 and replaced, "the archive was never compacted"
+    stored = positioned(history)
+    end = stored[-1][0] + 1
+    kept_messages = compact(stored, horizon=end, tombstones_before_ms=1 << 62 if tombstone_ms == 0 else None)
+    kept = {pos for pos, _ in kept_messages}
+    got, tail = await read_all(http, url)
+    assert got == [orjson.loads(m) for _, m in kept_messages]
+    assert offsets.decode(tail) == sum(len(m) for _, m in stored)
+    assert model(got) == model(history) and model(got, apply_merge) == model(history, apply_merge)
+    for pos, _ in stored[:: max(1, len(stored) // 25)]:
+        got_from, _ = await read_all(http, url, offsets.encode(pos))
+        assert got_from == [orjson.loads(m) for p, m in stored if p >= pos and p in kept], pos
+    # every file named is a kept one; no other file of the stream is left
+    segments = await archived(redis, sid)
+    files = Archive(archive_dir)
+    rows = [p for s in segments for p in files.read(s.file, ["position"]).column(0).to_pylist()]
+    assert rows == sorted(p for p in kept if p < int(meta[b"arch"]))
+    digest = hashlib.sha256(keys.path_of(sid).encode()).hexdigest()[:16]  # (segments.file_name)
+    assert {f for f in files.files() if digest in f} == {s.file for s in segments}
+
+
+async def archived(redis: aioredis.Redis, sid: str) -> list[Segment]:
+    """The stream's committed segments, in order."""
+    inc = (await redis.hget(keys.stream_keys(sid)[0], "inc")).decode()
+    members = await redis.zrangebyscore(keys.segments(sid, inc), 0, "+inf")
+    return [Segment.parse(m) for m in members]
 
 
 async def test_a_run_stops_when_its_lease_is_lost_and_the_next_one_finishes(
@@ -458,5 +519,4 @@ async def test_a_segment_left_pending_by_a_lost_worker_does_not_skip_the_next_ru
     meta = await redis.hgetall(keys.stream_keys(sid)[0])
     assert int(meta[b"arch"]) > 0  # the pending segment was written
     got, _ = await read_all(http, url)
-    # (archived versions stay as archived) and the later versions folded in the same take
-    assert got == versions[12:15] + versions[-3:]
+    assert got == versions[-3:]  # and everything folded in the same take, archived or not

@@ -44,6 +44,8 @@ def unavailable(exc: BaseException) -> bool:
     """Redis could not be reached or answered too late (or a cluster is failing over):
     nothing to fix here but to wait. A cluster client that reaches no node at all says so
     with a RedisClusterException caused by the connection error."""
+    if isinstance(exc, FileNotFoundError):  # an archive file of one stream's: not Redis
+        return False
     if isinstance(exc, (*UNAVAILABLE, OSError)):  # UNAVAILABLE has a cluster's "not now" too
         return True
     cause = exc.__cause__

@@ -5,7 +5,9 @@ entry (lua/_prelude.lua add_entries). A *run*, under the stream's archive lease:
 
 1. reads the stream's Redis log from where folding starts (the log's start, past any fork
    point: ``Compacted.barrier``) up to ``to``: where the compaction lag begins (messages
-   younger than ``lag_ms`` or among the last ``lag_bytes`` are never folded);
+   younger than ``lag_ms`` or among the last ``lag_bytes`` are never folded); a *deep* run
+   (``_deep``: paced by ``dirty_ratio``) reads the archived segments before it
+   (``compacted_segments.py``);
 2. folds those messages with the rules (``gateway/protocol/compaction.py``, ``Retained``):
    what a run keeps is folded again by the next, so nothing but the kept deletes' fold
    times (``keys.fold``) is remembered between runs, and a worker that dies mid-run leaves
@@ -13,13 +15,16 @@ entry (lua/_prelude.lua add_entries). A *run*, under the stream's archive lease:
 3. applies the drops with lua/compact.lua in bounded steps, in the order the fold gave
    them (any prefix of them leaves a stream every reader materializes alike: a dropped
    message's dropper comes later in the stream and is dropped, if ever, later in the order),
-   then the tombstones past their retention; the last step moves the stream's ``cto``.
+   then the tombstones past their retention; the last step moves the stream's ``cto``. A
+   deep run first replaces the archived segments with drops, in order (each at once: what
+   a message's drop depends on is later in the stream, but for a snapshot's start, which
+   waits for its end: ``_Markers``).
 
 Fencing: every step checks the lease's token, the stream's incarnation, where the run
 started (``cto``) and the newest fork point (``fkmax``) inside Redis: a worker that lost
 its lease, or whose stream was forked, deleted or compacted by another meanwhile, changes
-nothing. Archived data is never dropped (archived segments are not rewritten yet), and the
-archiver archives a compacted stream only below ``cto``: what goes to Parquet was folded.
+nothing; lua/archive_replace.lua checks the same for a segment. The archiver archives a
+compacted stream only below ``cto``: what goes to Parquet was folded.
 """
 
 from __future__ import annotations
@@ -28,14 +33,15 @@ import bisect
 import logging
 from array import array
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import cast
 
 from redis.asyncio import Redis
 
+from gateway.archive.segments import Segment
 from gateway.config import Settings
 from gateway.protocol import offsets
-from gateway.protocol.compaction import Message, Retained
+from gateway.protocol.compaction import Control, Message, Retained, classify
 from gateway.protocol.entries import messages
 from gateway.protocol.models import text
 from gateway.redis_io import keys, layout
@@ -43,9 +49,10 @@ from gateway.redis_io.connections import Client
 from gateway.redis_io.contracts import COMPACT, CompactDone, status_of
 from gateway.telemetry import metrics
 
-from .archive_files import PAGE, LogPage
+from .archive_files import PAGE, LogPage, SegmentFiles
 from .archive_lease import Lease, Leases
 from .clock import now_ms
+from .compacted_segments import ArchivedPart
 
 log = logging.getLogger("durable_streams.compaction")
 RawPage = list[tuple[bytes, list[bytes]]]  # XRANGE as Redis sends it: [id, [field, value, ...]]
@@ -61,6 +68,8 @@ class CompactionPolicy:
     tombstone_ms: int = int(Settings.compaction_tombstone_seconds * 1000)
     step_positions: int = STEP_POSITIONS
     min_interval_ms: int = int(Settings.compaction_interval_seconds * 1000)  # between runs of a stream
+    # folded since the last deep run / kept by it, for a deep run (compacted_segments.py)
+    dirty_ratio: float = Settings.compaction_archive_ratio
 
     @classmethod
     def of(cls, settings: Settings) -> CompactionPolicy:
@@ -69,6 +78,7 @@ class CompactionPolicy:
             lag_bytes=settings.compaction_lag_bytes,
             tombstone_ms=int(settings.compaction_tombstone_seconds * 1000),
             min_interval_ms=int(settings.compaction_interval_seconds * 1000),
+            dirty_ratio=settings.compaction_archive_ratio,
         )
 
 
@@ -121,11 +131,67 @@ class _Entries:
         return self.sizes[bisect.bisect_left(self.positions, position)]
 
 
+Unit = tuple[Segment, set[int]]  # an archived segment, and the positions of its messages a run drops
+
+
+@dataclass
+class Replaced:
+    """What a deep run's segment replacements dropped."""
+
+    dropped: int = 0
+    dropped_bytes: int = 0
+    segments: dict[int, Segment] = field(default_factory=dict)  # by start: the replacing one
+
+
+class _Markers:
+    """The snapshot markers a run folded (their positions): a reset drops a snapshot's end
+    before its start, so a start archived before the segment (or log) its end is dropped
+    from waits for that one (``deferred``): no reader sees an end without its start."""
+
+    def __init__(self) -> None:
+        self.starts: set[int] = set()
+        self.ends: set[int] = set()
+
+    def add(self, page: list[Message]) -> None:
+        for position, message in page:
+            if b"snapshot-" in message:  # (cheap: most messages are no marker)
+                event = classify(message)
+                if isinstance(event, Control) and event.control == "snapshot-start":
+                    self.starts.add(position)
+                elif isinstance(event, Control) and event.control == "snapshot-end":
+                    self.ends.add(position)
+
+    def deferred(self, segments: list[Segment], cold: list[int], hot: list[int]) -> set[int]:
+        """The dropped archived starts to drop after the Redis steps (``_units``)."""
+        unit = _unit_of(segments)
+        ends = [unit(p) for p in cold if p in self.ends] + [len(segments) for p in hot if p in self.ends]
+        latest = max(ends, default=-1)
+        return {p for p in cold if p in self.starts and unit(p) < latest}
+
+
+def _unit_of(segments: list[Segment]) -> Callable[[int], int]:
+    starts = [s.start for s in segments]
+    return lambda position: bisect.bisect_right(starts, position) - 1
+
+
+def _units(segments: list[Segment], cold: list[int], deferred: set[int]) -> tuple[list[Unit], list[Unit]]:
+    """A deep run's archived drops by segment, in the segments' order (a prefix of them
+    applied leaves a stream readers materialize alike: each message's dropper is later),
+    those replaced before the Redis steps and those after (``deferred``)."""
+    unit = _unit_of(segments)
+    first: dict[int, set[int]] = {}
+    later: dict[int, set[int]] = {}
+    for position in cold:
+        (later if position in deferred else first).setdefault(unit(position), set()).add(position)
+    return [(segments[i], first[i]) for i in sorted(first)], [(segments[i], later[i]) for i in sorted(later)]
+
+
 class Compactor:
-    def __init__(self, redis: Client, leases: Leases, policy: CompactionPolicy) -> None:
+    def __init__(self, redis: Client, leases: Leases, policy: CompactionPolicy, files: SegmentFiles) -> None:
         self.redis = redis
         self.leases = leases
         self.policy = policy
+        self.archived = ArchivedPart(files)
         # The key layout this process writes (``Membership.writing``; None: not known now).
         # Compaction drops messages only from layout.COMPACTING on: builds before it misread gaps.
         self.writing: Callable[[], int | None] = lambda: layout.CURRENT
@@ -144,26 +210,38 @@ class Compactor:
         now, policy = await self._now(lease.sid), self.policy
         upto, running_to = int(meta.get("cto") or 0), int(meta.get("cnext") or 0)
         barrier, base = int(meta.get("fkmax") or 0), int(meta["base"])
-        start = max(int(meta.get("arch") or base), base, barrier)
+        arch = int(meta.get("arch") or base)
+        folded_at = await self._fold_times(lease.sid, meta["created"])
+        segments = await self._deep(lease, meta, max(base, barrier), arch, folded_at, now)
+        start = segments[0].start if segments else max(arch, base, barrier)
+        start = max(start, base, barrier)
         # A delete may go only where nothing readable comes before the fold: a write of its key
-        # there (archived, inherited, or below a fork point) would come back to life.
+        # there (archived and not folded, inherited, or below a fork point) would come back.
         whole = start == 0
         closed = meta.get("closed") == "1"  # nobody appends: the byte lag protects no tail
         young, edge = now - policy.lag_ms, int(meta["tail"]) - (0 if closed else policy.lag_bytes)
-        folded_at = await self._fold_times(lease.sid, meta["created"])
-        eligible, when = await self._waiting(lease.sid, max(upto, start), young, edge)
+        eligible, when = await self._waiting(lease.sid, max(upto, start, arch), young, edge)
         expiring = whole and any(ms < now - policy.tombstone_ms for ms in folded_at.values())
-        if not eligible and not expiring:  # nothing new past the lag, no delete due: no fold
+        if not eligible and not expiring and not segments:  # nothing new past the lag, no delete due
             return Outcome(again_ms=max(when, now + 1000) if when else 0)
         if int(meta.get("cat") or 0) > now - policy.min_interval_ms and not closed:
             return Outcome(again_ms=int(meta["cat"]) + policy.min_interval_ms)
         retained = Retained()
         order: list[int] = []
+        markers = _Markers()
+        last, folded, archived_bytes = -1, 0, 0
+        async for page in self.archived.messages(lease, segments, start):
+            order += retained.fold(page, now, folded_at)
+            markers.add(page)
+            folded += len(page)
+            archived_bytes += sum(len(m) for _, m in page)
+            if page:
+                last = page[-1][0]
         entries = _Entries()
-        to, again, last, folded, oldest = start, 0, -1, 0, 0
-        async for page in self._pages(lease, start):
+        to, again, oldest = max(start, arch), 0, 0
+        async for raw in self._pages(lease, to):
             taken: list[Message] = []  # folded a page at a time (one call: ~1 µs a message less)
-            for entry_id, data, appended_at in page:
+            for entry_id, data, appended_at in raw:
                 position, appended = int(entry_id.split(b"-", 1)[0]), int(appended_at)
                 if position >= upto and not oldest:
                     oldest = appended
@@ -176,15 +254,19 @@ class Compactor:
                 taken += held
                 to, last = end, held[-1][0]
             order += retained.fold(taken, now, folded_at)
+            markers.add(taken)
             folded += len(taken)
             if again or to != end:
                 break
         metrics.COMPACTION_FOLDED_MESSAGES.inc(folded)
         metrics.COMPACTION_BEHIND.set(max(0, young - oldest) / 1000 if oldest else 0)
-        doomed, partial = entries.doomed(order)
+        cold, hot = [p for p in order if p < arch], [p for p in order if p >= arch]
+        doomed, partial = entries.doomed(hot)
         if whole and not partial:  # (a message kept for its entry's sake may be a write of a deleted key)
             expired = retained.expired_tombstones(now - policy.tombstone_ms, keep_from=last)
-            doomed += entries.doomed(expired)[0]
+            cold += [p for p in expired if p < arch]
+            hot += [p for p in expired if p >= arch]
+            doomed += entries.doomed([p for p in expired if p >= arch])[0]
             expirable = [ms for position, ms in retained.tombstones() if position < last]
             if expirable:  # look again when the first kept delete's retention ends (unless sooner)
                 due = min(expirable) + policy.tombstone_ms + 1
@@ -197,15 +279,25 @@ class Compactor:
             for position, ms in retained.tombstones()
             if position >= upto or position not in folded_at
         ]
-        if not doomed and to <= upto and not tombstones:
+        if not doomed and not cold and to <= upto and not tombstones and not segments:
             return Outcome(again_ms=again)
-        size = sum(entries.size(position) for position in doomed)
-        dropped = await self._apply(lease, meta, upto, barrier, to, doomed, entries, tombstones)
-        if dropped is None:
+        first, later = _units(segments, cold, markers.deferred(segments, cold, hot))
+        replaced = Replaced()
+        if not await self._replace(lease, meta.get("inc", ""), first, (upto, barrier), replaced):
             return Outcome(again_ms=now + 1000)
+        size = sum(entries.size(position) for position in doomed)
+        kept = archived_bytes + sum(entries.sizes) - replaced.dropped_bytes - size
+        deep = f"{to} {max(0, kept)}" if segments else ""
+        records = (tombstones, [p for p in cold if p in folded_at])
+        dropped = await self._apply(lease, meta, (upto, barrier), to, doomed, entries, records, deep)
+        if dropped is None or not await self._replace(
+            lease, meta.get("inc", ""), later, (to, barrier), replaced
+        ):
+            return Outcome(again_ms=now + 1000)
+        size += replaced.dropped_bytes
         metrics.COMPACTION_RUNS.inc()
         metrics.COMPACTION_DROPPED_BYTES.inc(size)
-        return Outcome(to > upto, dropped, size, again)
+        return Outcome(to > upto or bool(segments), dropped + replaced.dropped, size, again)
 
     async def _now(self, sid: str) -> int:
         """Redis' clock (ms), the one the append times are on (a worker's may be off)."""
@@ -232,31 +324,68 @@ class Compactor:
         self,
         lease: Lease,
         meta: dict[str, str],
-        upto: int,
-        barrier: int,
+        fence: tuple[int, int],
         to: int,
         doomed: list[int],
         entries: _Entries,
-        tombstones: list[str],
+        records: tuple[list[str], list[int]],
+        deep: str,
     ) -> int | None:
-        """The run's drops in steps (with the new deletes' fold times); the entries
-        deleted, or None if the stream moved under the run (plan again)."""
-        step = self.policy.step_positions
-        count = max(1, -(-len(doomed) // step), -(-len(tombstones) // step))
+        """The run's drops from the Redis log in steps (with the fold record's changes:
+        ``records``, the new deletes' fold times and the archived deletes dropped); the
+        entries deleted, or None if the stream moved under the run (plan again)."""
+        step, (tombstones, forget) = self.policy.step_positions, records
+        count = max(1, *(-(-len(items) // step) for items in (doomed, tombstones, forget)))
         deleted = 0
         keep_ms = self.policy.tombstone_ms + 86_400_000  # the fold record outlives its deletes
         for i in range(count):
             part, told = doomed[i * step : (i + 1) * step], tombstones[i * step : (i + 1) * step]
-            size = sum(entries.size(p) for p in part)
+            gone = " ".join(str(p) for p in forget[i * step : (i + 1) * step])
+            last = i == count - 1
             reply = await self.leases.fenced(
-                COMPACT.name, lease, meta["created"], upto, barrier, to,
-                "1" if i == count - 1 else "0", size, " ".join(told), keep_ms, *part,
+                COMPACT.name, lease, meta["created"], *fence, to, "1" if last else "0",
+                sum(entries.size(p) for p in part), " ".join(told), keep_ms, gone,
+                deep if last else "", *part,
             )  # fmt: skip
             if status_of(reply) != "ok":
                 log.info("compaction of %s stopped: %s", keys.path_of(lease.sid), status_of(reply))
                 return None
             deleted += int(CompactDone(*reply).deleted)
         return deleted
+
+    async def _replace(
+        self, lease: Lease, inc: str, units: list[Unit], fence: tuple[int, int], done: Replaced
+    ) -> bool:
+        """A deep run's archived drops, a segment replaced at a time in order (counted in
+        ``done``); False if the stream moved under the run (plan again)."""
+        for segment, dropped in units:
+            segment = done.segments.get(segment.start, segment)  # (replaced before the Redis steps)
+            got = await self.archived.replace(lease, inc, segment, dropped, fence)
+            if got is None:
+                log.info("compaction of %s stopped: its archive moved", keys.path_of(lease.sid))
+                return False
+            done.segments[segment.start], count, size = got
+            done.dropped += count
+            done.dropped_bytes += size
+        return True
+
+    async def _deep(
+        self, lease: Lease, meta: dict[str, str], floor: int, arch: int, folded_at: dict[int, int], now: int
+    ) -> list[Segment]:
+        """The archived segments a run folds from ``floor`` (its start), when a deep run is
+        due: what was folded since the last (``cac``: where it folded to) reached
+        ``dirty_ratio`` of what that one kept (``cak`` bytes), or a delete archived in a stream
+        folded from its beginning is past its retention; else none (the run folds the Redis
+        log only: what it drops there made older archived messages redundant, which wait)."""
+        if arch <= floor or not meta.get("inc"):
+            return []
+        dirty = int(meta.get("cto") or 0) - max(int(meta.get("cac") or 0), floor)
+        expiring = floor == 0 and any(
+            p < arch and ms < now - self.policy.tombstone_ms for p, ms in folded_at.items()
+        )
+        if (dirty <= 0 or dirty < self.policy.dirty_ratio * int(meta.get("cak") or 0)) and not expiring:
+            return []
+        return await self.archived.segments(lease, meta["inc"], floor, arch)
 
     async def _pages(self, lease: Lease, start: int) -> AsyncIterator[list[tuple[bytes, bytes, bytes]]]:
         """The stream's log entries from ``start`` as (id, data, append ms), a page at a time.

@@ -92,6 +92,8 @@ class Archive:
 
         with self.fs.open(self.path(file), "rb") as f:
             meta = pq.ParquetFile(f).metadata
+            if meta.num_rows == 0:  # (State compaction dropped every message of its segment)
+                return []
             column = meta.schema.names.index("position")
             return [meta.row_group(g).column(column).statistics.min for g in range(meta.num_row_groups)]
 

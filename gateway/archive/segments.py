@@ -12,7 +12,9 @@ being written, -2 a replaced or dropped file still to delete.
 from __future__ import annotations
 
 import hashlib
+import re
 import time
+import uuid
 import zlib
 from dataclasses import dataclass
 
@@ -68,6 +70,13 @@ def file_name(stream: str, incarnation: str, start: int, end: int, first_ms: int
         f"date={utc_date(first_ms)}/bucket={bucket_of(stream):02d}/"
         f"{digest}-{incarnation}-{start:016d}-{end:016d}.parquet"
     )
+
+
+def compacted_name(file: str) -> str:
+    """The name of a file replacing ``file`` (the same range, State compaction's kept rows):
+    a new one each time (a reader may still hold the old), in the same partition."""
+    stem = re.sub(r"-c[0-9a-f]{12}$", "", file.removesuffix(".parquet"))  # (a replacement's)
+    return f"{stem}-c{uuid.uuid4().hex[:12]}.parquet"
 
 
 def take(

@@ -360,6 +360,18 @@ class ArchiveCommitted(NamedTuple):  # 'ok'
     replaced: bytes
 
 
+class ArchiveReplaceArgv(NamedTuple):
+    token: str
+    incarnation: str
+    phase: str  # 'stage' | 'commit'
+    old: str  # the committed member replaced
+    new: str  # the member replacing it
+    upto: int
+    barrier: int
+    dropped_bytes: int
+    dropped: int
+
+
 class CompactArgv(NamedTuple):
     token: str
     created: str
@@ -370,6 +382,8 @@ class CompactArgv(NamedTuple):
     dropped_bytes: int
     tombstones: str  # "<position>:<ms> ..."
     keep_ms: int
+    forget: str  # "<position> ..."
+    deep: str  # "<to> <kept bytes>" | ''
 
 
 class CompactDone(NamedTuple):  # 'ok'
@@ -677,6 +691,8 @@ ARCHIVE_CHECK = Script("archive_check", ArchiveArgv, writes=False)
 ARCHIVE_RETAIN = Script("archive_retain", ArchiveRetainArgv, replies={"ok": ArchiveRetained})
 # State compaction's step (workers/compactor.py): the stream's five keys, its lease, its fold record.
 COMPACT = Script("compact", CompactArgv, tail="positions", replies={"ok": CompactDone})
+# ... and its rewrite of an archived segment (workers/compacted_segments.py): the archive's KEYS.
+ARCHIVE_REPLACE = Script("archive_replace", ArchiveReplaceArgv)
 # KEYS: token buckets (keys.rate_bucket), no stream's; see features/ratelimit.py.
 RATE_LIMIT = Script("rate_limit", tail="takes", groups={"takes": Group(RateTake)}, writes=False)
 # Subscriptions (features/subscriptions.py): a stream's side (its links, its slot's outbox).
