@@ -19,6 +19,15 @@ Protocol upserts of whole rows, ``--keys`` events a POST). Measured:
   same machine).
 
 Printed, and written to ``loadtest/results/compaction.{json,md}``.
+
+    .venv/bin/python -m loadtest.compaction --archived [--keys 1000] [--rounds 20]
+
+measures compaction of the archive instead (a deep run: docs/compaction.md): ``--rounds``
+rounds of five versions of every row, each compacted in Redis and archived (everything:
+hot window 0) by an archive worker whose deep runs are held back (``--compaction-archive-ratio``
+1e9), so the archive keeps each round's newest versions; then one worker with deep runs on.
+Measured: a late joiner (cold reads) before and after, the archive's bytes on disk, the deep
+run's time. Written to ``loadtest/results/compaction-archive.{json,md}``.
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ import argparse
 import asyncio
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -170,6 +180,77 @@ async def run(n_keys: int, versions: int, writers: int) -> dict[str, Any]:
     }
 
 
+def _replayed(replays: list[tuple[float, int, dict[str, Any]]]) -> dict[str, Any]:
+    """A late joiner's bytes and median seconds, of three."""
+    return {"bytes": replays[0][1], "seconds": round(statistics.median(t for t, _, _ in replays), 4)}
+
+
+async def run_archived(n_keys: int, rounds: int) -> dict[str, Any]:
+    with start("ours") as server:
+        redis = aioredis.Redis.from_url(redis_url_or_running(None, server.data_dir))
+        url, sid = f"{server.base_url}/bench/archived", keys.stream_id("bench/archived")
+        meta = keys.stream_keys(sid)[0]
+        archive = Path(server.data_dir, "archive")
+        common = ("--compaction-lag-seconds", "0", "--compaction-lag-bytes", "0", "--archive-hot-bytes", "0",
+                  "--archive-min-bytes", "0", "--archive-max-delay", "0", "--archive-interval", "0.05",
+                  "--compaction-interval-seconds", "0")  # fmt: skip
+
+        async def until(field: str, value: int) -> None:
+            await redis.zadd(keys.ARCHIVE_HINTS, {sid: 0})
+            while int(await redis.hget(meta, field) or 0) < value:
+                await asyncio.sleep(0.05)
+
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3600)) as http:
+            async with http.put(url, headers={**JSON, "Stream-Compaction": "state"}) as r:
+                assert r.status == 201, await r.text()
+            with worker(server, "archive", *common, "--compaction-archive-ratio", "1e9"):
+                for n in range(rounds):
+                    for version in range(n * 5, n * 5 + 5):
+                        body = orjson.dumps([_event(k, version) for k in range(n_keys)])
+                        async with http.post(url, data=body, headers=JSON) as r:
+                            assert r.status in (200, 204), await r.text()
+                    await until("arch", int(await redis.hget(meta, "tail")))
+            before = [await _replay(http, url) for _ in range(3)]
+            disk_before = sum(f.stat().st_size for f in archive.rglob("*.parquet"))
+            with worker(server, "archive", *common, "--compaction-archive-ratio", "0"):
+                started = time.perf_counter()
+                await redis.hset(meta, "cak", 0)  # (what the held-back runs kept: due now)
+                await until("cac", int(await redis.hget(meta, "tail")))
+                deep_seconds = time.perf_counter() - started
+            after = [await _replay(http, url) for _ in range(3)]
+            disk_after = sum(f.stat().st_size for f in archive.rglob("*.parquet"))
+        await redis.aclose()
+    assert before[0][2] == after[0][2], "a late joiner's rows differ after the deep run"
+    return {
+        "keys": n_keys,
+        "rounds": rounds,
+        "events_written": n_keys * rounds * 5,
+        "replay_before": _replayed(before),
+        "replay_after": _replayed(after),
+        "archive_bytes": {"before": disk_before, "after": disk_after},
+        "deep_run_seconds": round(deep_seconds, 2),
+    }
+
+
+def report_archived(r: dict[str, Any]) -> list[str]:
+    b, a, d = r["replay_before"], r["replay_after"], r["archive_bytes"]
+    return [
+        f"A State stream of {r['keys']:,} rows, {r['rounds']} rounds of 5 versions each "
+        f"({r['events_written']:,} events), every round compacted in Redis and archived; then one "
+        "deep run (docs/compaction.md):",
+        "",
+        "| | before the deep run | after | |",
+        "|---|---:|---:|---:|",
+        f"| a late joiner reads (from -1, cold) | {b['bytes'] / 1024:,.1f} KiB in "
+        f"{b['seconds'] * 1000:.0f} ms | {a['bytes'] / 1024:,.1f} KiB in {a['seconds'] * 1000:.0f} ms | "
+        f"{b['bytes'] / max(1, a['bytes']):,.1f}x fewer bytes |",
+        f"| the archive on disk (Parquet, zstd) | {d['before'] / 1024:,.1f} KiB | "
+        f"{d['after'] / 1024:,.1f} KiB | |",
+        "",
+        f"The deep run (hint to done, one worker process starting included): {r['deep_run_seconds']:.1f} s.",
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -177,9 +258,15 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=1000)
     parser.add_argument("--versions", type=int, default=1000)
     parser.add_argument("--writers", type=int, default=16)
-    parser.add_argument("--out", default="loadtest/results/compaction")
+    parser.add_argument("--archived", action="store_true", help="measure a deep run instead")
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--out", default=None)
     args = parser.parse_args()
     use_uvloop()
+    if args.archived:
+        result = asyncio.run(run_archived(args.keys, args.rounds))
+        publish(args.out or "loadtest/results/compaction-archive", result, report_archived(result))
+        return
     r = asyncio.run(run(args.keys, args.versions, args.writers))
     b, a = r["replay_before"], r["replay_after"]
     mb, ma = r["redis_used_memory"], r["stream_log_memory"]
@@ -204,7 +291,7 @@ def main() -> None:
         f"| during the run | {d['appends_per_second']:,} | {d['p50_ms']} ms | {d['p99_ms']} ms |",
         f"| with no run | {w['appends_per_second']:,} | {w['p50_ms']} ms | {w['p99_ms']} ms |",
     ]
-    publish(args.out, r, lines)
+    publish(args.out or "loadtest/results/compaction", r, lines)
 
 
 if __name__ == "__main__":

@@ -10,16 +10,23 @@
 --   3 uid: a fresh incarnation id: stored as meta 'uid' if the stream has none yet
 --   (uid is set once, the first time a stream is forked, and names this
 --   incarnation in its forks' chains; a stream at the same path later gets
---   another).
+--   another), 4 anchor: the position Stream-Fork-Offset names (-1: none, the tail).
 -- A compacted stream (docs/compaction.md) records its tail as 'fkmax': compaction drops
 -- nothing below the newest fork point from then on (lua/compact.lua), so a fork's inherited
 -- part stays as it was at its fork point; the fork must start at or past where compaction
--- has dropped messages so far (gateway/streams/forks.py checks).
+-- has dropped messages so far: one whose anchor is below is refused here, before 'fkmax'
+-- moves (gateway/streams/forks.py checks the fork point, at or after the anchor, again).
 -- Returns {'ok', meta (the source's), added ('1' if this call added the fork to FORKS,
---   else '0')} | {'missing'} | {'gone'} (never for 'stamp').
+--   else '0')} | {'missing'} | {'gone'} (never for 'stamp') | {'compacted', floor} (the
+--   anchor is in the compacted part, below floor: nothing changed).
 local how, now = ARGV[2], now_ms()
 local m, status = open_stream(now)
 if status == 'missing' or (status == 'gone' and how ~= 'stamp') then return {status} end
+local anchor = tonumber(ARGV[4])
+if m.cmp and how ~= 'stamp' then
+  local floor = math.max(tonumber(m.cto or '0'), tonumber(m.cnext or '0'))
+  if anchor >= tonumber(m.base) and anchor < floor then return {'compacted', fmt(floor)} end
+end
 if not m.uid then
   m.uid = ARGV[3]
   redis.call('HSET', META, 'uid', m.uid)

@@ -12,10 +12,12 @@ whole history (tests/test_compaction_rules.py has the models and the official re
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import random
 import signal
 import sys
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -31,10 +33,11 @@ from gateway.protocol.compaction import compact
 from gateway.redis_io import keys
 from workers.archive_lease import LeaseLost
 from workers.archiver import Archiver, Policy
+from workers.compacted_segments import groups, rewritten
 from workers.compactor import CompactionPolicy
 
 from .conftest import ready_worker
-from .test_compaction_rules import apply_merge, make_history, model
+from .test_compaction_rules import apply_merge, apply_replace, make_history, model
 
 JSON = {"Content-Type": "application/json"}
 NOW = CompactionPolicy(lag_ms=0, lag_bytes=0, tombstone_ms=3_600_000, min_interval_ms=0)
@@ -520,3 +523,139 @@ async def test_a_segment_left_pending_by_a_lost_worker_does_not_skip_the_next_ru
     assert int(meta[b"arch"]) > 0  # the pending segment was written
     got, _ = await read_all(http, url)
     assert got == versions[-3:]  # and everything folded in the same take, archived or not
+
+
+def upsert(key: str, v: int) -> dict[str, Any]:
+    return {"type": "t", "key": key, "value": {"v": v}, "headers": {"operation": "upsert"}}
+
+
+def delete(key: str) -> dict[str, Any]:
+    return {"type": "t", "key": key, "headers": {"operation": "delete"}}
+
+
+EVERYTHING = Policy(
+    hot_bytes=0, hot_ms=0, min_bytes=1, max_delay_ms=0, file_bytes=1 << 20
+)  # archived at once
+
+
+async def test_a_delete_outlives_the_write_a_deep_run_drops_for_it(http, gateway, redis, archive_dir):
+    """A delete folded while its key's older write was archived (a run in Redis cannot drop
+    that write) is kept for the whole retention after the deep run that drops the write: a
+    reader that read the write just before must still find the delete."""
+    url = f"{gateway}/compaction-late-drop-{random.randrange(1 << 30)}"
+    await create(http, url)
+    sid = sid_of(url)
+    w = worker(redis, archive_dir, EVERYTHING, tombstone_ms=300, dirty_ratio=1000.0)
+    history = [upsert("a", 1), upsert("b", 1)]
+    for message in history:
+        await append(http, url, [message])
+        await w.archive_stream(sid)  # (the second: a first deep run, then the ratio holds them back)
+    history += [upsert("x", 1), upsert("c", 1)]
+    await append(http, url, history[-2:])
+    await w.archive_stream(sid)  # x archived
+    history += [delete("x"), upsert("d", 1)]
+    await append(http, url, history[-2:])
+    await w.archive_stream(sid)  # the delete folded in Redis, x:1 archived: kept
+    await asyncio.sleep(0.5)  # the delete's retention ends: a deep run is due
+    got, _ = await read_all(http, url)
+    assert upsert("x", 1) in got and delete("x") in got
+    at = sum(len(orjson.dumps(m)) for m in history[: history.index(upsert("x", 1)) + 1])
+    state = model(got[: got.index(upsert("x", 1)) + 1])  # a reader from -1 has read x:1 ...
+    await w.archive_stream(sid)  # ... when the deep run drops x:1
+    rest, _ = await read_all(http, url, offsets.encode(at))
+    assert delete("x") in rest  # (its retention starts again)
+    for message in rest:
+        apply_replace(state, message)
+    assert state == model(history)
+    got, _ = await read_all(http, url)
+    assert upsert("x", 1) not in got
+    await asyncio.sleep(0.4)
+    await w.archive_stream(sid)  # a retention later it goes
+    got, _ = await read_all(http, url)
+    assert delete("x") not in got and model(got) == model(history)
+
+
+async def test_a_fork_inside_what_a_deep_run_compacts_is_refused(http, gateway, redis, archive_dir):
+    url = f"{gateway}/compaction-deep-fork-{random.randrange(1 << 30)}"
+    await create(http, url)
+    sid = sid_of(url)
+    w = worker(redis, archive_dir, EVERYTHING, dirty_ratio=0)
+    history = [upsert("x", 1), upsert("y", 1)]
+    await append(http, url, history)
+    await w.archive_stream(sid)
+    upto = int(await redis.hget(keys.stream_keys(sid)[0], "cto"))
+    history += [upsert("z", 1), upsert("x", 2)]  # x:2 makes the archived x:1 redundant
+    await append(http, url, history[2:])
+    point = upto + len(orjson.dumps(history[2]))  # after z, before x:2: in what the run folds
+    replace, answers = w.compactor.archived.replace, []
+
+    async def fork_first(*args: Any) -> Any:  # a fork asked for while the run replaces a segment
+        headers = {
+            **JSON,
+            "Stream-Forked-From": urlsplit(url).path,
+            "Stream-Fork-Offset": offsets.encode(point),
+        }
+        async with http.put(url + "-fork", headers=headers) as r:
+            answers.append(r.status)
+        return await replace(*args)
+
+    w.compactor.archived.replace = fork_first  # type: ignore[method-assign]
+    await w.archive_stream(sid)
+    assert answers == [409]
+    got, _ = await read_all(http, url)
+    assert got == history[1:]
+
+
+async def test_a_missing_archived_file_does_not_stop_the_stream(http, gateway, redis, archive_dir):
+    """A deep run that meets a missing file folds Redis only: archiving goes on."""
+    url = f"{gateway}/compaction-missing-file-{random.randrange(1 << 30)}"
+    await create(http, url)
+    sid = sid_of(url)
+    w = worker(redis, archive_dir, EVERYTHING, dirty_ratio=0)
+    await append(http, url, [upsert("a", 1), upsert("b", 1)])
+    await w.archive_stream(sid)
+    (segment,) = await archived(redis, sid)
+    (Path(archive_dir) / segment.file).unlink()
+    before = int(await redis.hget(keys.stream_keys(sid)[0], "arch"))
+    await append(http, url, [upsert("c", n) for n in range(20)])
+    await w.archive_stream(sid)
+    meta = await redis.hgetall(keys.stream_keys(sid)[0])
+    assert int(meta[b"arch"]) > before and int(meta[b"cto"]) == int(meta[b"tail"])
+
+
+async def test_a_deep_run_joins_small_files(http, gateway, redis, archive_dir):
+    """Each archiving round wrote a file; compacted down to little, a deep run writes the
+    day's small neighbours as one (a deep run reads every file: few stay for it to read)."""
+    url = f"{gateway}/compaction-join-{random.randrange(1 << 30)}"
+    await create(http, url)
+    sid = sid_of(url)
+    history = []
+    for n in range(12):
+        history += [upsert("a", n), upsert("b", n)]
+        await append(http, url, history[-2:])
+        await worker(redis, archive_dir, EVERYTHING, dirty_ratio=1e9).archive_stream(sid)
+    assert len(await archived(redis, sid)) >= 10
+    joining = dataclasses.replace(EVERYTHING, min_bytes=1 << 20)
+    await worker(redis, archive_dir, joining, dirty_ratio=0).archive_stream(sid)
+    segments = await archived(redis, sid)
+    assert len(segments) <= 2  # (one a UTC day: this test may run across midnight)
+    arch = int(await redis.hget(keys.stream_keys(sid)[0], "arch"))
+    assert segments[0].start == 0 and segments[-1].end == arch
+    got, _ = await read_all(http, url)
+    assert got == history[-2:]
+
+
+def test_which_segments_a_deep_run_writes_as_one_file():
+    day, next_day = 1_795_900_000_000, 1_795_900_000_000 + 86_400_000
+    segments = [
+        Segment(0, 100, day, day, "a"),
+        Segment(100, 200, day, day, "b"),
+        Segment(200, 300, day, day, "c"),  # its kept bytes would pass the target with a and b
+        Segment(300, 400, next_day, next_day, "d"),  # another day
+        Segment(400, 500, next_day, next_day, "e"),
+    ]
+    kept, drops = [10, 10, 90, 5, 500], {1: {150}, 4: {450}}
+    parts = groups(segments, kept, drops, target=100)
+    assert [[s.file for s in group] for group, _ in parts] == [["a", "b"], ["c"], ["d"], ["e"]]
+    assert [sorted(dropped) for _, dropped in parts] == [[150], [], [], [450]]
+    assert [rewritten(part) for part in parts] == [True, False, False, True]

@@ -136,7 +136,9 @@ class Archiver:
         self.heartbeat = heartbeat or Heartbeat()
         self.leases = Leases(redis, self.scripts, self.name, lease_seconds, self.heartbeat)
         self.files = SegmentFiles(redis, archive, self.scripts, self.leases, policy.row_group_bytes)
-        self.compactor = Compactor(redis, self.leases, compaction or CompactionPolicy(), self.files)
+        self.compactor = Compactor(
+            redis, self.leases, compaction or CompactionPolicy(), self.files, policy.min_bytes
+        )
         self.finder = Finder(
             redis,
             self.leases,

@@ -52,7 +52,7 @@ from gateway.telemetry import metrics
 from .archive_files import PAGE, LogPage, SegmentFiles
 from .archive_lease import Lease, Leases
 from .clock import now_ms
-from .compacted_segments import ArchivedPart
+from .compacted_segments import ArchivedPart, Group, groups, rewritten
 
 log = logging.getLogger("durable_streams.compaction")
 RawPage = list[tuple[bytes, list[bytes]]]  # XRANGE as Redis sends it: [id, [field, value, ...]]
@@ -131,9 +131,6 @@ class _Entries:
         return self.sizes[bisect.bisect_left(self.positions, position)]
 
 
-Unit = tuple[Segment, set[int]]  # an archived segment, and the positions of its messages a run drops
-
-
 @dataclass
 class Replaced:
     """What a deep run's segment replacements dropped."""
@@ -161,37 +158,48 @@ class _Markers:
                 elif isinstance(event, Control) and event.control == "snapshot-end":
                     self.ends.add(position)
 
-    def deferred(self, segments: list[Segment], cold: list[int], hot: list[int]) -> set[int]:
-        """The dropped archived starts to drop after the Redis steps (``_units``)."""
-        unit = _unit_of(segments)
-        ends = [unit(p) for p in cold if p in self.ends] + [len(segments) for p in hot if p in self.ends]
+    def deferred(self, parts: list[Group], cold: list[int], hot: list[int]) -> set[int]:
+        """The dropped archived starts to drop after the Redis steps, their end dropped from
+        a later file (of ``parts``, the archive as the run leaves it) or the Redis log."""
+        starts = [group[0].start for group, _ in parts]
+
+        def part(position: int) -> int:
+            return bisect.bisect_right(starts, position) - 1
+
+        ends = [part(p) for p in cold if p in self.ends] + [len(parts) for p in hot if p in self.ends]
         latest = max(ends, default=-1)
-        return {p for p in cold if p in self.starts and unit(p) < latest}
+        return {p for p in cold if p in self.starts and part(p) < latest}
 
 
-def _unit_of(segments: list[Segment]) -> Callable[[int], int]:
+def _plan(
+    segments: list[Segment], sizes: list[int], folded: _Entries, cold: list[int], target: int,
+    markers: _Markers, hot: list[int],
+) -> tuple[list[Group], list[Group]]:  # fmt: skip
+    """A deep run's files to write, in order (a prefix of them applied leaves a stream readers
+    materialize alike: each message's dropper is later): before the Redis steps, then after
+    them (snapshot starts whose end goes later: ``_Markers``). ``sizes``: the bytes folded of
+    each segment; ``folded``: the archived messages folded."""
     starts = [s.start for s in segments]
-    return lambda position: bisect.bisect_right(starts, position) - 1
-
-
-def _units(segments: list[Segment], cold: list[int], deferred: set[int]) -> tuple[list[Unit], list[Unit]]:
-    """A deep run's archived drops by segment, in the segments' order (a prefix of them
-    applied leaves a stream readers materialize alike: each message's dropper is later),
-    those replaced before the Redis steps and those after (``deferred``)."""
-    unit = _unit_of(segments)
-    first: dict[int, set[int]] = {}
-    later: dict[int, set[int]] = {}
+    drops: dict[int, set[int]] = {}
     for position in cold:
-        (later if position in deferred else first).setdefault(unit(position), set()).add(position)
-    return [(segments[i], first[i]) for i in sorted(first)], [(segments[i], later[i]) for i in sorted(later)]
+        drops.setdefault(bisect.bisect_right(starts, position) - 1, set()).add(position)
+    kept = [size - sum(folded.size(p) for p in drops.get(i, ())) for i, size in enumerate(sizes)]
+    parts = groups(segments, kept, drops, target)
+    deferred = markers.deferred(parts, cold, hot)
+    first = [(group, dropped - deferred) for group, dropped in parts]
+    later = [(group, dropped & deferred) for group, dropped in parts if dropped & deferred]
+    return [g for g in first if rewritten(g)], later
 
 
 class Compactor:
-    def __init__(self, redis: Client, leases: Leases, policy: CompactionPolicy, files: SegmentFiles) -> None:
+    def __init__(
+        self, redis: Client, leases: Leases, policy: CompactionPolicy, files: SegmentFiles, file_bytes: int
+    ) -> None:
         self.redis = redis
         self.leases = leases
         self.policy = policy
         self.archived = ArchivedPart(files)
+        self.file_bytes = file_bytes  # a deep run joins small neighbours up to this (the archive's min_bytes)
         # The key layout this process writes (``Membership.writing``; None: not known now).
         # Compaction drops messages only from layout.COMPACTING on: builds before it misread gaps.
         self.writing: Callable[[], int | None] = lambda: layout.CURRENT
@@ -207,12 +215,26 @@ class Compactor:
         writing = self.writing()
         if writing is None or writing < layout.COMPACTING:  # (the rolling change not finished)
             return Outcome(again_ms=now_ms() + 60_000)
-        now, policy = await self._now(lease.sid), self.policy
+        now = await self._now(lease.sid)
+        folded_at = await self._fold_times(lease.sid, meta["created"])
+        segments = await self._deep(lease, meta, folded_at, now)
+        try:
+            return await self._run(lease, meta, now, folded_at, segments)
+        except FileNotFoundError as exc:  # (deleted by hand, a backup restored without it...)
+            if not segments:
+                raise
+            path = keys.path_of(lease.sid)
+            log.warning("compaction of %s: an archived file is missing (%s): no deep run", path, exc)
+            return await self._run(lease, meta, now, folded_at, [])
+
+    async def _run(
+        self, lease: Lease, meta: dict[str, str], now: int, folded_at: dict[int, int], segments: list[Segment]
+    ) -> Outcome:
+        """``run``, deep if ``segments`` (the archived ones to fold first)."""
+        policy = self.policy
         upto, running_to = int(meta.get("cto") or 0), int(meta.get("cnext") or 0)
         barrier, base = int(meta.get("fkmax") or 0), int(meta["base"])
         arch = int(meta.get("arch") or base)
-        folded_at = await self._fold_times(lease.sid, meta["created"])
-        segments = await self._deep(lease, meta, max(base, barrier), arch, folded_at, now)
         start = segments[0].start if segments else max(arch, base, barrier)
         start = max(start, base, barrier)
         # A delete may go only where nothing readable comes before the fold: a write of its key
@@ -229,12 +251,14 @@ class Compactor:
         retained = Retained()
         order: list[int] = []
         markers = _Markers()
-        last, folded, archived_bytes = -1, 0, 0
-        async for page in self.archived.messages(lease, segments, start):
+        last, folded, sizes, archived = -1, 0, [], _Entries()
+        async for page in self.archived.messages(lease, segments, start):  # (a segment a page)
             order += retained.fold(page, now, folded_at)
             markers.add(page)
             folded += len(page)
-            archived_bytes += sum(len(m) for _, m in page)
+            for message in page:
+                archived.add([message])
+            sizes.append(sum(len(m) for _, m in page))
             if page:
                 last = page[-1][0]
         entries = _Entries()
@@ -274,25 +298,24 @@ class Compactor:
         if again:
             again = max(again, now + 1000)
         to = max(to, upto, running_to)  # (a longer lag since, a run that died: never moves back)
-        tombstones = [
-            f"{position}:{ms}"
-            for position, ms in retained.tombstones()
-            if position >= upto or position not in folded_at
+        tombstones = [  # the fold record's new or moved times (Retained.fold)
+            f"{position}:{ms}" for position, ms in retained.tombstones() if folded_at.get(position) != ms
         ]
         if not doomed and not cold and to <= upto and not tombstones and not segments:
             return Outcome(again_ms=again)
-        first, later = _units(segments, cold, markers.deferred(segments, cold, hot))
-        replaced = Replaced()
-        if not await self._replace(lease, meta.get("inc", ""), first, (upto, barrier), replaced):
+        first, later = _plan(segments, sizes, archived, cold, self.file_bytes, markers, hot)
+        inc, fence, replaced = meta.get("inc", ""), (upto, barrier), Replaced()
+        if first and not (
+            await self._claim(lease, meta, fence, to, tombstones)
+            and await self._replace(lease, inc, first, fence, replaced)
+        ):
             return Outcome(again_ms=now + 1000)
         size = sum(entries.size(position) for position in doomed)
-        kept = archived_bytes + sum(entries.sizes) - replaced.dropped_bytes - size
-        deep = f"{to} {max(0, kept)}" if segments else ""
+        kept = sum(sizes) + sum(entries.sizes) - replaced.dropped_bytes - size
+        deep = f"{to} {max(0, kept)} {now}" if segments else ""
         records = (tombstones, [p for p in cold if p in folded_at])
-        dropped = await self._apply(lease, meta, (upto, barrier), to, doomed, entries, records, deep)
-        if dropped is None or not await self._replace(
-            lease, meta.get("inc", ""), later, (to, barrier), replaced
-        ):
+        dropped = await self._apply(lease, meta, fence, to, doomed, entries, records, deep)
+        if dropped is None or not await self._replace(lease, inc, later, (to, barrier), replaced):
             return Outcome(again_ms=now + 1000)
         size += replaced.dropped_bytes
         metrics.COMPACTION_RUNS.inc()
@@ -330,10 +353,12 @@ class Compactor:
         entries: _Entries,
         records: tuple[list[str], list[int]],
         deep: str,
+        final: bool = True,
     ) -> int | None:
         """The run's drops from the Redis log in steps (with the fold record's changes:
         ``records``, the new deletes' fold times and the archived deletes dropped); the
-        entries deleted, or None if the stream moved under the run (plan again)."""
+        entries deleted, or None if the stream moved under the run (plan again). The last
+        step moves the fold point, unless not ``final`` (then ``cnext`` only)."""
         step, (tombstones, forget) = self.policy.step_positions, records
         count = max(1, *(-(-len(items) // step) for items in (doomed, tombstones, forget)))
         deleted = 0
@@ -341,7 +366,7 @@ class Compactor:
         for i in range(count):
             part, told = doomed[i * step : (i + 1) * step], tombstones[i * step : (i + 1) * step]
             gone = " ".join(str(p) for p in forget[i * step : (i + 1) * step])
-            last = i == count - 1
+            last = final and i == count - 1
             reply = await self.leases.fenced(
                 COMPACT.name, lease, meta["created"], *fence, to, "1" if last else "0",
                 sum(entries.size(p) for p in part), " ".join(told), keep_ms, gone,
@@ -353,39 +378,56 @@ class Compactor:
             deleted += int(CompactDone(*reply).deleted)
         return deleted
 
-    async def _replace(
-        self, lease: Lease, inc: str, units: list[Unit], fence: tuple[int, int], done: Replaced
+    async def _claim(
+        self, lease: Lease, meta: dict[str, str], fence: tuple[int, int], to: int, tombstones: list[str]
     ) -> bool:
-        """A deep run's archived drops, a segment replaced at a time in order (counted in
-        ``done``); False if the stream moved under the run (plan again)."""
-        for segment, dropped in units:
-            segment = done.segments.get(segment.start, segment)  # (replaced before the Redis steps)
-            got = await self.archived.replace(lease, inc, segment, dropped, fence)
+        """Before a deep run's first file changes: [cto, to) is marked as being compacted
+        (``cnext``: a fork asked for there from then on is 409), and the deletes' new fold
+        times are kept (before the older writes that moved them go: Retained.fold)."""
+        claimed = await self._apply(lease, meta, fence, to, [], _Entries(), (tombstones, []), "", final=False)
+        return claimed is not None
+
+    async def _replace(
+        self, lease: Lease, inc: str, parts: list[Group], fence: tuple[int, int], done: Replaced
+    ) -> bool:
+        """A deep run's files, written and put in place in order (counted in ``done``); False
+        if the stream moved under the run (plan again)."""
+        for group, dropped in parts:
+            now = done.segments.get(group[0].start)  # (written before the Redis steps)
+            got = await self.archived.replace(lease, inc, group if now is None else [now], dropped, fence)
             if got is None:
                 log.info("compaction of %s stopped: its archive moved", keys.path_of(lease.sid))
                 return False
-            done.segments[segment.start], count, size = got
+            done.segments[group[0].start], count, size = got
             done.dropped += count
             done.dropped_bytes += size
         return True
 
     async def _deep(
-        self, lease: Lease, meta: dict[str, str], floor: int, arch: int, folded_at: dict[int, int], now: int
+        self, lease: Lease, meta: dict[str, str], folded_at: dict[int, int], now: int
     ) -> list[Segment]:
-        """The archived segments a run folds from ``floor`` (its start), when a deep run is
-        due: what was folded since the last (``cac``: where it folded to) reached
-        ``dirty_ratio`` of what that one kept (``cak`` bytes), or a delete archived in a stream
-        folded from its beginning is past its retention; else none (the run folds the Redis
-        log only: what it drops there made older archived messages redundant, which wait)."""
+        """The archived segments a run folds (from its start: the stream's, or the newest fork
+        point), when a deep run is due: what was folded since the last (``cac``: where it
+        folded to) reached ``dirty_ratio`` of what that one kept (``cak`` bytes), or a delete's
+        retention ended since the last (``cdt``: when it ran) in a stream folded from its
+        beginning (only a deep run drops deletes once part of a stream is archived); else
+        none (the run folds the Redis log only: what it drops there made older archived
+        messages redundant, which wait)."""
+        floor = max(int(meta["base"]), int(meta.get("fkmax") or 0))
+        arch = int(meta.get("arch") or meta["base"])
         if arch <= floor or not meta.get("inc"):
             return []
         dirty = int(meta.get("cto") or 0) - max(int(meta.get("cac") or 0), floor)
-        expiring = floor == 0 and any(
-            p < arch and ms < now - self.policy.tombstone_ms for p, ms in folded_at.items()
-        )
-        if (dirty <= 0 or dirty < self.policy.dirty_ratio * int(meta.get("cak") or 0)) and not expiring:
+        due = dirty > 0 and dirty >= self.policy.dirty_ratio * int(meta.get("cak") or 0)
+        # deletes whose retention ended since the last deep run (which expired those before it)
+        since, retention = int(meta.get("cdt") or -1), self.policy.tombstone_ms
+        ended = any(since <= ms + retention < now for ms in folded_at.values())
+        if not due and not (floor == 0 and ended):
             return []
-        return await self.archived.segments(lease, meta["inc"], floor, arch)
+        segments = await self.archived.segments(lease, meta["inc"], floor, arch)
+        if not due and segments and segments[0].start > 0:  # (retention dropped the beginning: no expiry)
+            return []
+        return segments
 
     async def _pages(self, lease: Lease, start: int) -> AsyncIterator[list[tuple[bytes, bytes, bytes]]]:
         """The stream's log entries from ``start`` as (id, data, append ms), a page at a time.

@@ -154,7 +154,10 @@ class Retained:
         which may be applied first: each message's drops come after those of the messages
         before it, and a reset's snapshot markers newest first (never an end without its
         start). ``folded_at``: when deletes folded before were (a worker folding again
-        what it kept; else ``now_ms``)."""
+        what it kept; else ``now_ms``). A delete that drops an earlier message now is
+        folded now, whenever it was before: a reader that read that message before this
+        drop still needs the delete for the whole retention (an older write archived when
+        the delete was first folded is dropped only later, by a deep run)."""
         dropped: list[int] = []
         for position, message in messages:
             event = classify(message)
@@ -162,7 +165,10 @@ class Retained:
                 key = self.keys.setdefault((event.type, event.key), Key())
                 if event.operation == "delete":
                     when = now_ms if folded_at is None else folded_at.get(position, now_ms)
-                    dropped += key.delete(position, when)
+                    gone = key.delete(position, when)
+                    if gone and key.tombstone is not None:  # its retention starts again (see _expired)
+                        key.tombstone = (position, now_ms)
+                    dropped += gone
                 else:
                     dropped += key.write(position, event.fields)
             elif isinstance(event, Control):

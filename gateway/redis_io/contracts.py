@@ -267,6 +267,7 @@ class ForkRefArgv(NamedTuple):
     fork: str
     how: str  # 'pin' | 'weak' | 'stamp'
     uid: str
+    anchor: int = -1  # Stream-Fork-Offset's position (-1: the tail)
 
 
 class ForkReferenced(NamedTuple):  # 'ok'
@@ -364,8 +365,7 @@ class ArchiveReplaceArgv(NamedTuple):
     token: str
     incarnation: str
     phase: str  # 'stage' | 'commit'
-    old: str  # the committed member replaced
-    new: str  # the member replacing it
+    new: str  # the member replacing the old ones (the tail)
     upto: int
     barrier: int
     dropped_bytes: int
@@ -383,7 +383,7 @@ class CompactArgv(NamedTuple):
     tombstones: str  # "<position>:<ms> ..."
     keep_ms: int
     forget: str  # "<position> ..."
-    deep: str  # "<to> <kept bytes>" | ''
+    deep: str  # "<to> <kept bytes> <now ms>" | ''
 
 
 class CompactDone(NamedTuple):  # 'ok'
@@ -692,7 +692,7 @@ ARCHIVE_RETAIN = Script("archive_retain", ArchiveRetainArgv, replies={"ok": Arch
 # State compaction's step (workers/compactor.py): the stream's five keys, its lease, its fold record.
 COMPACT = Script("compact", CompactArgv, tail="positions", replies={"ok": CompactDone})
 # ... and its rewrite of an archived segment (workers/compacted_segments.py): the archive's KEYS.
-ARCHIVE_REPLACE = Script("archive_replace", ArchiveReplaceArgv)
+ARCHIVE_REPLACE = Script("archive_replace", ArchiveReplaceArgv, tail="old")
 # KEYS: token buckets (keys.rate_bucket), no stream's; see features/ratelimit.py.
 RATE_LIMIT = Script("rate_limit", tail="takes", groups={"takes": Group(RateTake)}, writes=False)
 # Subscriptions (features/subscriptions.py): a stream's side (its links, its slot's outbox).

@@ -77,22 +77,38 @@ class ForkPlan:
     expiry: Expiry
 
 
+def _in_compacted_part(floor: int) -> ProtocolError:
+    """A fork inside a compacted source's compacted part: its history up to there lost
+    versions that later messages replaced, not the stream as it was at that offset
+    (docs/compaction.md)."""
+    return ProtocolError(
+        409,
+        "Stream-Fork-Offset falls in the source's compacted part: fork at or after " + offsets.encode(floor),
+    )
+
+
 class Forks:
     def __init__(self, scripts: Scripts, reads: Reads, page_bytes: int) -> None:
         self.scripts = scripts
         self.reads = reads
         self.page_bytes = page_bytes
 
-    async def reference(self, sid: str, src: str, pin: bool) -> tuple[Meta, bool]:
+    async def reference(
+        self, sid: str, src: str, pin: bool, fork_offset: str | None = None
+    ) -> tuple[Meta, bool]:
         """Step 1: the source's meta (with its incarnation id, given now if it had
         none) and whether this call recorded ``sid`` in its forks. Pinning, the fork
         is recorded in a set, so a retry counts once; if we stop before the fork is
         created the extra record only delays the source's collection (see
-        ``release_unless_forked``). Weak, nothing is recorded."""
+        ``release_unless_forked``). Weak, nothing is recorded. A compacted source refuses
+        a ``fork_offset`` in its compacted part (409) before anything changes."""
+        anchor = -1 if fork_offset is None else offsets.decode(fork_offset)
         result = await self.scripts.on_stream(
-            FORK_REF.name, src, *ForkRefArgv(sid, "pin" if pin else "weak", _new_uid())
+            FORK_REF.name, src, *ForkRefArgv(sid, "pin" if pin else "weak", _new_uid(), anchor)
         )
         status = status_of(result)
+        if status == "compacted":
+            raise _in_compacted_part(int(result[1]))
         if status == "missing":
             raise ProtocolError(404, "fork source stream not found")
         if status == "gone":
@@ -113,13 +129,7 @@ class Forks:
         if spec.fork_sub_offset:
             point = await self._resolve_sub_offset(source, anchor, spec.fork_sub_offset)
         if source.compaction and source.base <= point < source.compacted.fork_floor:
-            # its history up to there lost versions that later messages replaced: not the
-            # stream as it was at that offset (docs/compaction.md)
-            raise ProtocolError(
-                409,
-                "Stream-Fork-Offset falls in the source's compacted part: fork at or after "
-                + offsets.encode(source.compacted.fork_floor),
-            )
+            raise _in_compacted_part(source.compacted.fork_floor)
         # The fork reads [0, point) from its ancestors: the source's own chain
         # cut at the fork point, then the source's own log up to it.
         own: InheritedRange = (source.sid, source.base, point, source.uid or LEGACY_INCARNATION)
