@@ -192,8 +192,8 @@ async def run_archived(n_keys: int, rounds: int) -> dict[str, Any]:
         meta = keys.stream_keys(sid)[0]
         archive = Path(server.data_dir, "archive")
         common = ("--compaction-lag-seconds", "0", "--compaction-lag-bytes", "0", "--archive-hot-bytes", "0",
-                  "--archive-min-bytes", "0", "--archive-max-delay", "0", "--archive-interval", "0.05",
-                  "--compaction-interval-seconds", "0")  # fmt: skip
+                  "--archive-hot-seconds", "0", "--archive-min-bytes", "0", "--archive-max-delay", "0",
+                  "--archive-interval", "0.05", "--compaction-interval-seconds", "0")  # fmt: skip
 
         async def until(field: str, value: int) -> None:
             await redis.zadd(keys.ARCHIVE_HINTS, {sid: 0})
