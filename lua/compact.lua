@@ -13,8 +13,9 @@
 --   step, "<position>:<ms> ..." ('' none), 9 keep_ms: how long the
 --   fold record lives, 10 forget: positions of archived deletes dropped (the run replaced
 --   their segments), "<position> ..." ('' none), 11 deep: on a deep run's last step (it
---   folded the archive: workers/compacted_segments.py) "<to> <kept bytes> <now ms>": where
---   it folded to, the bytes it kept and when it ran, for pacing the next ('' none), 12.. positions: the dropped messages' positions.
+--   folded the archive: workers/compacted_segments.py) "<to> <kept bytes> <now ms> <0|1>":
+--   where it folded to, the bytes it kept, when it ran and whether it kept a delete past its
+--   retention (the newest folded, or kept for a grouped entry), for pacing the next ('' none), 12.. positions: the dropped messages' positions.
 -- Returns {'ok', deleted (entries deleted)} | {'moved'} (the stream changed under the run:
 --   plan again) | {'missing'} | {'lost'} (the lease is not this worker's: nothing changed).
 if not holds_lease() then return {'lost'} end
@@ -54,9 +55,9 @@ if ARGV[6] == '1' then
   fields[1], fields[2] = 'cto', ARGV[5]
   fields[#fields + 1] = 'cat'
   fields[#fields + 1] = fmt(now_ms())
-  local cac, cak, cdt = string.match(ARGV[11], '^(%d+) (%d+) (%d+)$')
+  local cac, cak, cdt, ckw = string.match(ARGV[11], '^(%d+) (%d+) (%d+) (%d)$')
   if cac then
-    for _, v in ipairs({'cac', cac, 'cak', cak, 'cdt', cdt}) do fields[#fields + 1] = v end
+    for _, v in ipairs({'cac', cac, 'cak', cak, 'cdt', cdt, 'ckw', ckw}) do fields[#fields + 1] = v end
   end
 end
 redis.call('HSET', META, unpack(fields))

@@ -31,7 +31,8 @@ if not m.uid then
   m.uid = ARGV[3]
   redis.call('HSET', META, 'uid', m.uid)
 end
-if m.cmp and how ~= 'stamp' and tonumber(m.tail) > tonumber(m.fkmax or '0') then
+-- (an anchor past the tail is refused by the caller: 400)
+if m.cmp and how ~= 'stamp' and anchor <= tonumber(m.tail) and tonumber(m.tail) > tonumber(m.fkmax or '0') then
   m.fkmax = m.tail
   redis.call('HSET', META, 'fkmax', m.tail)
 end

@@ -659,3 +659,49 @@ def test_which_segments_a_deep_run_writes_as_one_file():
     assert [[s.file for s in group] for group, _ in parts] == [["a", "b"], ["c"], ["d"], ["e"]]
     assert [sorted(dropped) for _, dropped in parts] == [[150], [], [], [450]]
     assert [rewritten(part) for part in parts] == [True, False, False, True]
+
+
+async def test_an_archived_streams_last_delete_goes_once_more_is_folded(http, gateway, redis, archive_dir):
+    """On an archived stream only a deep run drops deletes: the worker wakes one when a
+    delete's retention ends (no append needed), and a delete it could not drop then (the
+    newest folded message) goes with the deep run after the next message is folded."""
+    url = f"{gateway}/compaction-last-delete-{random.randrange(1 << 30)}"
+    await create(http, url)
+    sid = sid_of(url)
+    w = worker(redis, archive_dir, EVERYTHING, tombstone_ms=300, dirty_ratio=1e9)
+    history = [upsert("b", 1)]
+    for n in range(2):  # archived; the second take's deep run paces the next by the ratio
+        history.append(upsert("b", n + 2))
+        await append(http, url, history[-1:])
+        await w.archive_stream(sid)
+    history += [upsert("a", 1), delete("a")]
+    await append(http, url, history[-2:])
+    await redis.zrem(keys.ARCHIVE_HINTS, sid)
+    await w.archive_stream(sid)  # a run in Redis folds the delete (which stays), then archives
+    assert await redis.zscore(keys.ARCHIVE_HINTS, sid) is not None  # a look once its retention ends
+    await asyncio.sleep(0.4)
+    await w.archive_stream(sid)  # a deep run: the delete is the newest message, kept
+    meta = await redis.hgetall(keys.stream_keys(sid)[0])
+    assert meta[b"ckw"] == b"1" and delete("a") in (await read_all(http, url))[0]
+    history.append(upsert("c", 1))
+    await append(http, url, history[-1:])
+    await redis.zrem(keys.ARCHIVE_HINTS, sid)
+    await w.archive_stream(sid)  # folds c in Redis, and asks for the deep run soon
+    assert await redis.zscore(keys.ARCHIVE_HINTS, sid) is not None
+    await w.archive_stream(sid)
+    got, _ = await read_all(http, url)
+    assert got == [upsert("b", 3), upsert("c", 1)]
+
+
+async def test_a_missing_file_holds_deep_runs_back_by_the_ratio(http, gateway, redis, archive_dir):
+    url = f"{gateway}/compaction-missing-backoff-{random.randrange(1 << 30)}"
+    await create(http, url)
+    sid = sid_of(url)
+    w = worker(redis, archive_dir, EVERYTHING, dirty_ratio=0.5)
+    await append(http, url, [upsert("a", n) for n in range(5)] + [upsert("b", 1)])
+    await w.archive_stream(sid)
+    (Path(archive_dir) / (await archived(redis, sid))[0].file).unlink()
+    await append(http, url, [upsert("a", 9)])
+    await w.archive_stream(sid)  # a deep run meets the missing file: folds Redis only
+    meta = await redis.hgetall(keys.stream_keys(sid)[0])
+    assert int(meta[b"cac"]) == int(meta[b"cto"])  # as if it had run: the next waits for the ratio

@@ -225,12 +225,20 @@ class Compactor:
                 raise
             path = keys.path_of(lease.sid)
             log.warning("compaction of %s: an archived file is missing (%s): no deep run", path, exc)
-            return await self._run(lease, meta, now, folded_at, [])
+            return await self._run(lease, meta, now, folded_at, [], missing=True)
 
     async def _run(
-        self, lease: Lease, meta: dict[str, str], now: int, folded_at: dict[int, int], segments: list[Segment]
+        self,
+        lease: Lease,
+        meta: dict[str, str],
+        now: int,
+        folded_at: dict[int, int],
+        segments: list[Segment],
+        missing: bool = False,
     ) -> Outcome:
-        """``run``, deep if ``segments`` (the archived ones to fold first)."""
+        """``run``, deep if ``segments`` (the archived ones to fold first). ``missing``: a deep
+        run that met a missing file, run again without: paced as if it had been (no deep run
+        again before the next is due by the ratio)."""
         policy = self.policy
         upto, running_to = int(meta.get("cto") or 0), int(meta.get("cnext") or 0)
         barrier, base = int(meta.get("fkmax") or 0), int(meta["base"])
@@ -286,34 +294,48 @@ class Compactor:
         metrics.COMPACTION_BEHIND.set(max(0, young - oldest) / 1000 if oldest else 0)
         cold, hot = [p for p in order if p < arch], [p for p in order if p >= arch]
         doomed, partial = entries.doomed(hot)
+        retention = policy.tombstone_ms
         if whole and not partial:  # (a message kept for its entry's sake may be a write of a deleted key)
-            expired = retained.expired_tombstones(now - policy.tombstone_ms, keep_from=last)
+            expired = retained.expired_tombstones(now - retention, keep_from=last)
             cold += [p for p in expired if p < arch]
             hot += [p for p in expired if p >= arch]
             doomed += entries.doomed([p for p in expired if p >= arch])[0]
-            expirable = [ms for position, ms in retained.tombstones() if position < last]
-            if expirable:  # look again when the first kept delete's retention ends (unless sooner)
-                due = min(expirable) + policy.tombstone_ms + 1
-                again = min(again, due) if again else due
+        # look again when the first kept delete's retention ends (unless sooner); one this run
+        # could not drop (the newest folded, or kept for a grouped entry's sake) waits for more
+        ends = [ms + retention + 1 for p, ms in retained.tombstones() if p < last] if whole else []
+        if not whole and max(base, barrier) == 0 and arch > 0:  # only a deep run drops them (_deep)
+            since = int(meta.get("cdt") or -1)
+            ends += [ms + retention + 1 for ms in folded_at.values() if ms + retention >= since]
+            ends += [ms + retention + 1 for _, ms in retained.tombstones()]
+        if future := [end for end in ends if end > now]:
+            again = min(again, min(future)) if again else min(future)
+        if meta.get("ckw") == "1" and to > upto and not segments:  # the deep run it waited for: soon
+            again = now
         if again:
             again = max(again, now + 1000)
         to = max(to, upto, running_to)  # (a longer lag since, a run that died: never moves back)
-        tombstones = [  # the fold record's new or moved times (Retained.fold)
+        tombstones = [  # the fold record's new or moved times (Retained.fold), written first
             f"{position}:{ms}" for position, ms in retained.tombstones() if folded_at.get(position) != ms
         ]
-        if not doomed and not cold and to <= upto and not tombstones and not segments:
+        if not doomed and not cold and to <= upto and not tombstones and not segments and not missing:
             return Outcome(again_ms=again)
         first, later = _plan(segments, sizes, archived, cold, self.file_bytes, markers, hot)
         inc, fence, replaced = meta.get("inc", ""), (upto, barrier), Replaced()
-        if first and not (
-            await self._claim(lease, meta, fence, to, tombstones)
-            and await self._replace(lease, inc, first, fence, replaced)
-        ):
+        if (first or tombstones) and not await self._claim(lease, meta, fence, to, tombstones):
             return Outcome(again_ms=now + 1000)
+        if first and not await self._replace(lease, inc, first, fence, replaced):
+            return Outcome(again_ms=now + 1000)
+        restamped: list[str] = []
+        if first and tombstones:  # a delete restarted by a file's drop: from when that drop is done
+            stamp = await self._now(lease.sid)
+            restamped = [f"{p}:{stamp}" for p, ms in retained.tombstones() if ms == now]
         size = sum(entries.size(position) for position in doomed)
         kept = sum(sizes) + sum(entries.sizes) - replaced.dropped_bytes - size
-        deep = f"{to} {max(0, kept)} {now}" if segments else ""
-        records = (tombstones, [p for p in cold if p in folded_at])
+        waiting = any(ms < now - retention for _, ms in retained.tombstones())  # due, not droppable
+        deep = f"{to} {max(0, kept)} {now} {int(waiting)}" if segments else ""
+        if missing:
+            deep = f"{to} {int(meta.get('cak') or 0)} {now} 0"
+        records = (restamped, [p for p in cold if p in folded_at])
         dropped = await self._apply(lease, meta, fence, to, doomed, entries, records, deep)
         if dropped is None or not await self._replace(lease, inc, later, (to, barrier), replaced):
             return Outcome(again_ms=now + 1000)
@@ -422,6 +444,8 @@ class Compactor:
         # deletes whose retention ended since the last deep run (which expired those before it)
         since, retention = int(meta.get("cdt") or -1), self.policy.tombstone_ms
         ended = any(since <= ms + retention < now for ms in folded_at.values())
+        # ... or one the last could not drop (the newest folded then), once more was folded
+        ended = ended or (meta.get("ckw") == "1" and int(meta.get("cto") or 0) > int(meta.get("cac") or 0))
         if not due and not (floor == 0 and ended):
             return []
         segments = await self.archived.segments(lease, meta["inc"], floor, arch)

@@ -383,7 +383,7 @@ class CompactArgv(NamedTuple):
     tombstones: str  # "<position>:<ms> ..."
     keep_ms: int
     forget: str  # "<position> ..."
-    deep: str  # "<to> <kept bytes> <now ms>" | ''
+    deep: str  # "<to> <kept bytes> <now ms> <kept a delete past its retention: 0|1>" | ''
 
 
 class CompactDone(NamedTuple):  # 'ok'
