@@ -4,11 +4,11 @@
 -- worker that dies before the commit leaves a file the next lease holder deletes.
 -- 'commit', once it is written: the new member takes the range, the old ones are garbage.
 -- KEYS: the stream's five (see _prelude.lua), KEYS[6] the lease, KEYS[7] the segment set.
--- ARGV: 1 token: lease token, 2 incarnation, 3 phase: 'stage' | 'commit', 4 new: the
---   replacing member, 5 upto: the 'cto' the run read, 6 barrier: the 'fkmax' it read,
---   7 dropped_bytes, 8 dropped: the messages the new file lacks (counted in the stream's
---   compaction figures, and its ETag generation raised), 9.. old: the committed members
---   replaced, in order.
+-- ARGV: 1 token: lease token, 2 incarnation: the stream's, 3 phase: 'stage' | 'commit',
+--   4 new: the replacing member, 5 upto: the 'cto' the run read, 6 barrier: the 'fkmax' it
+--   read, 7 dropped_bytes: the bytes of the messages the new file lacks, 8 dropped: how many
+--   (counted in the stream's compaction figures, and its ETag generation raised),
+--   9.. old: the committed members replaced, in order.
 -- Returns {'ok'} | {'moved'} (a segment, the fold point or a fork point changed: the run
 --   plans again) | {'missing'} | {'lost'} (the lease is not this worker's: nothing changed).
 if not holds_lease() then return {'lost'} end
