@@ -594,6 +594,21 @@ class Settings:
         "token buckets kept in Redis, shared by all gateways, e.g. "
         "'write:=100/s+200 read:chat/=50/s anonymous:read:=10/s' (README, Security)",
     )
+    tenants: bool = setting(
+        False,
+        "tenants (docs/tenants.md): every stream request is a tenant's (its credential's, "
+        "else --tenant-paths'), whose quotas its writes' scripts check exactly, on one Redis "
+        "(not on Redis Cluster yet); usage is metered per tenant (archive workers move it to Parquet)",
+        commands=(*SERVE, *ARCHIVE),
+    )
+    tenant_claim: str = setting(
+        "tenant", "with --tenants: the JWT claim naming a credential's tenant (token files: 'tenant')"
+    )
+    tenant_paths: str = setting(
+        "",
+        "with --tenants: the tenant of requests without credentials (and of signed URLs), by "
+        "stream path prefix, e.g. 'public/=demo acme/=acme' (the longest prefix wins; none: 403)",
+    )
     max_live_connections: int = setting(
         20000, "live reads (SSE, long-poll) one process holds at once; more get 503"
     )
@@ -803,6 +818,8 @@ def conflict(settings: Settings) -> str | None:
         return "--redis-cluster: a Redis Cluster has database 0 only; drop the /<db> from --redis-url"
     if settings.min_replicas_ack and not url:
         return "--min-replicas-ack needs --redis-url: the embedded Redis has no replicas"
+    if settings.tenants and settings.redis_cluster:
+        return "--tenants needs one Redis primary: a tenant's quotas and streams are checked by one script"
     if settings.write_pause_archive_lag and not settings.archive_hints:
         return "--write-pause-archive-lag needs --archive-hints: the lag is measured on the archive hints"
     if settings.min_replicas_ack and settings.min_replicas_ack_timeout >= settings.redis_timeout:

@@ -307,7 +307,7 @@ end
 -- checks, append_part.lua goes on and commits): its entries lie beyond the tail, where
 -- no read looks, until the last step moves the tail. META fields while it is under way:
 -- pend (the writer's token), pend_at (where its next part goes), pend_to (the tail once
--- committed), pend_until (ms: each step moves it PEND_MS on; a writer silent past it is
+-- committed), pend_tb (the bytes its tenant is charged at the commit), pend_until (ms: each step moves it PEND_MS on; a writer silent past it is
 -- gone). Meanwhile other appends wait ('busy'). On a single Redis the gateway writes the
 -- parts between with plain commands doing what an append_part.lua 'part' step does, in a
 -- MULTI/EXEC under WATCH of META and LOG (gateway/redis_io/parts.py): its data never passes
@@ -316,7 +316,7 @@ local PEND_MS = 5000  -- gateway/redis_io/parts.py has it too
 -- How long create.lua remembers the created it gave (keys.stream_born): well past one
 -- millisecond and any clock step back worth guarding; short, as it is one key per stream made.
 local BORN_MS = 2000
-local PEND_FIELDS = {'pend', 'pend_at', 'pend_to', 'pend_until'}
+local PEND_FIELDS = {'pend', 'pend_at', 'pend_to', 'pend_until', 'pend_tb'}
 
 -- Drop what an unfinished large append wrote beyond the tail, a bounded amount per call
 -- (XRANGE copies the data into the script). Returns true once nothing is left.

@@ -10,7 +10,9 @@
 --   one slot: the gateway splits a batch by slot (gateway/streams/appends.py).
 -- ARGV: 1 notice_bytes: largest amount of appended bytes that rides along in a notice,
 --   2 wake_channel: the channel that wakes subscription workers,
---   3.. streams: per stream (in KEYS order), a group (ARGV streams).
+--   3 tenant: the tenant the appends are made for ('' none; else its five keys come
+--   before the outbox: _tenants.lua), 4.. streams: per stream (in KEYS order), a group
+--   (ARGV streams).
 -- ARGV streams: 1 append_count: its number of appends, 2.. appends: that many appends,
 --   a group each (ARGV appends).
 -- ARGV appends: 1 media_type: content type normalized ('' when the body is empty),
@@ -21,7 +23,8 @@
 --   8 expected_offset: Stream-Expected-Offset as a position ('' none),
 --   9 token: the token of a large append written in steps ('' none: see PEND_MS in
 --   _prelude.lua; this call checks it and marks it under way, and writes its entries, if
---   any, as its first part), 10 total: the positions the whole of it takes, 11 entry_count: entry count k, 12.. entries: the k entries (none =
+--   any, as its first part), 10 total: "<positions> <bytes>" the whole of it takes (a
+--   large append's; '' none), 11 entry_count: entry count k, 12.. entries: the k entries (none =
 --   close-only), each as two arguments: the positions it takes, its bytes (add_entries
 --   in _prelude.lua; gateway/protocol/entries.py).
 -- A stream with subscribers (its links exist) whose tail moved is put in the
@@ -49,6 +52,8 @@
 --   {'precondition_failed', tail, created}  If-Match does not match (412)
 --   {'offset_conflict', tail, created}      the tail is not Stream-Expected-Offset (409)
 --   {'seq_regress', tail, created}          Stream-Seq does not increase (409)
+--   {'quota', quota, limit, usage, asked}  a tenant's quota refuses it (_tenants.lua)
+--   {'foreign'}                     the stream is another tenant's
 --   {'ct_mismatch'} {'bad_epoch_seq'}
 --   {'stale_epoch', epoch}  {'seq_gap', expected, received}
 --   {'missing'} {'gone'}
@@ -58,6 +63,8 @@ local now_text = fmt(now)
 local notice_bytes = tonumber(ARGV[1])
 local results = {}
 WAKE = ARGV[2]
+local tenant_keys = ARGV[3] == '' and 0 or 5
+tenant_bind(#KEYS - 5, ARGV[3], now)
 
 local function error_text(e)
   if type(e) == 'table' then return tostring(e.err or e.msg or '?') end
@@ -141,15 +148,27 @@ local function append_one(ctn, close, sseq, pid, ep, sq, im, eo, token, total, f
   if sseq ~= '' and m.seq and not bytes_less(m.seq, sseq) then
     return {'seq_regress', m.tail, m.created}
   end
+  local size = 0  -- the bytes it stores, for its tenant's quotas
+  if TN then
+    if token ~= '' then
+      size = tonumber(string.match(total, ' (%d+)$'))
+    else
+      for k = first + 1, last, 2 do size = size + #ARGV[k] end
+    end
+    local refusal = tenant_refuses(size, false)
+    if refusal then return refusal end
+  end
 
   local tail = add_entries(m, first, last, now, tuple and (ep .. ' ' .. sq .. ' ' .. pid), mark_writing)
   if token ~= '' then  -- a large append's first part: beyond the tail, not committed
     m.pend = token
-    redis.call('HSET', META, 'pend', token, 'pend_at', fmt(tail),
-      'pend_to', fmt(tonumber(m.tail) + tonumber(total)), 'pend_until', fmt(now + PEND_MS))
+    -- (its tenant is charged, and checked again, when the last part commits it: pend_tb)
+    redis.call('HSET', META, 'pend', token, 'pend_at', fmt(tail), 'pend_tb', fmt(size),
+      'pend_to', fmt(tonumber(m.tail) + tonumber(string.match(total, '^%d+'))), 'pend_until', fmt(now + PEND_MS))
     return {'pending', m.tail, m.cmp and '1' or '0'}
   end
   commit(m, tail, sseq, close, tuple, pid, ep, sq)
+  if TN and has_data then tenant_charge(size, false); TN.appends = TN.appends + 1 end
   -- Its entries ride the notice only once committed: one whose commit failed (an error
   -- after its XADDs, 'partial') must not reach readers beside the appends that did.
   for i = first, last, 2 do appended[#appended + 1] = i end
@@ -180,6 +199,9 @@ local function append_stream(i)
     -- a large append is under way (or its leftovers still being dropped): all wait
     return answer_all(i, count, {'busy', m.pend_until})
   end
+  local claimed, refusal = pcall(tenant_claim, m)
+  if not claimed then return answer_all(i, count, {'error', 'none', error_text(refusal)}) end
+  if refusal then return answer_all(i, count, refusal) end
   local old_tail, was_closed = m.tail, m.closed
   changed, appended = false, {}
   i = i + 1
@@ -204,10 +226,12 @@ local function append_stream(i)
   return i
 end
 
-local i = 3
-for k = 0, (#KEYS - 1) / 6 - 1 do
+local i = 4
+for k = 0, (#KEYS - 1 - tenant_keys) / 6 - 1 do
   META, LOG, PROD, FORKS, CHANNEL, SUBS = KEYS[6 * k + 1], KEYS[6 * k + 2], KEYS[6 * k + 3], KEYS[6 * k + 4],
     KEYS[6 * k + 5], KEYS[6 * k + 6]
   i = append_stream(i)
 end
+local ok, e = pcall(tenant_save)
+if not ok then redis.log(redis.LOG_WARNING, 'tenant usage not saved: ' .. error_text(e)) end
 return results

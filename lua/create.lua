@@ -18,23 +18,29 @@
 --   (recorded as 'cmp', docs/compaction.md), '' none, 20 compaction_asked: '1' when the
 --   PUT said (an existing stream must then say the same; else a policy decided),
 --   21 gaps: '1' for a fork whose inherited part may have gaps (a compacted ancestor;
---   recorded as 'gaps'), 22.. entries: initial entries (pairs: the positions each takes,
---   its bytes; see add_entries).
+--   recorded as 'gaps'), 22 tenant: the tenant it is made for ('' none; recorded as 'tn':
+--   _tenants.lua), 23.. entries: initial entries (pairs: the positions each takes, its
+--   bytes; see add_entries).
 -- KEYS: the five stream keys, 6 its subscription links, 7 its slot's stream index
 --   (keys.stream_index: the stream is listed there while it lives), 8 the created last
---   given at this path (keys.stream_born), 9 its slot's outbox.
+--   given at this path (keys.stream_born), 9-13 its tenant's keys when it has one
+--   (_tenants.lua), then its slot's outbox.
 -- Publishes 'created' on the stream's notify channel when it makes the stream.
 -- Returns {'created', meta} | {'exists', meta} | {'conflict', source (the existing
 --   stream's source id, or '')} | {'precondition_failed', tail, created} (If-Match names
---   another state; tail and created '' when there is no stream: it is not made).
+--   another state; tail and created '' when there is no stream: it is not made)
+--   | {'quota', quota, limit, usage, asked} (a tenant's quota refuses it: not made)
+--   | {'foreign'} (the stream exists and is another tenant's).
 local ct, ctn, ttl, exp_at, expires, closed = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local src, fork_off, fork_sub, base, chain = ARGV[7], ARGV[8], ARGV[10], ARGV[11], ARGV[12]
 local chain_uids, src_uid, weak = ARGV[13], ARGV[14], ARGV[15]
 WAKE = ARGV[17]
 local INDEX = KEYS[7]
 local now = now_ms()
+tenant_bind(9, ARGV[22], now)
 local m, status = open_stream(now)
 if status == 'gone' then return {'conflict', m.src or ''} end
+if status == 'ok' and TN and m.tn and m.tn ~= TN.name then return {'foreign'} end
 -- If-Match here, in the script that creates: a delete just before cannot let it make one.
 if ARGV[18] ~= '' then
   if status ~= 'ok' then return {'precondition_failed', '', ''} end
@@ -56,6 +62,16 @@ if status == 'ok' then
   return {'conflict', m.src or ''}
 end
 
+-- An earlier stream of this name the tenant still holds is gone (it expired): given back.
+tenant_release(stream_sid())
+local size = 0
+for k = 24, #ARGV, 2 do size = size + #ARGV[k] end
+local refusal = tenant_refuses(size, true)
+if refusal then
+  tenant_save()
+  return refusal
+end
+
 -- 'created' names the incarnation (ETags, If-Match, live readers): one made at this path in
 -- the same millisecond as the last (or with the clock stepped back) takes a later one.
 local BORN = KEYS[8]
@@ -71,7 +87,8 @@ if src ~= '' then
 end
 if ARGV[19] ~= '' then m.cmp = ARGV[19] end
 if ARGV[21] == '1' then m.gaps = '1' end
-m.tail = fmt(add_entries(m, 22, #ARGV, now))
+if TN then m.tn = TN.name end
+m.tail = fmt(add_entries(m, 23, #ARGV, now))
 if closed == '1' then m.closed = '1' end
 redis.call('HSET', META, unpack(flat(m)))
 redis.call('ZADD', INDEX, 0, stream_sid())
@@ -80,4 +97,6 @@ record_for_subscribers(ARGV[16] == '1')
 -- Readers of an earlier stream of this name may still wait on the channel: one that expired
 -- announces nothing. Unparsable, the notice makes them read Redis (gateway/live/channels.py).
 publish('created')
+tenant_charge(size, true)
+tenant_save()
 return {'created', flat(m)}

@@ -6,13 +6,21 @@
 --   (it leaves the listing, soft-deleted too), 8 its slot's outbox: a stream with
 --   subscribers goes in the outbox, so the workers drop its glob links (spec 6.1: a
 --   deleted stream leaves the pattern's; explicit links stay).
--- ARGV: 1 wake_channel: the channel that wakes subscription workers.
+--   Then its tenant's five keys when the call is made for one (_tenants.lua), its
+--   slot's outbox last.
+-- ARGV: 1 wake_channel: the channel that wakes subscription workers, 2 tenant: the tenant
+--   the call is made for ('' none): its stream's bytes and place are given back, even
+--   soft-deleted (its forks hold the rest), and another tenant's stream is not deleted.
 -- Returns {'deleted', source (its source id, or ''), source_uid (the source
 --   incarnation, meta 'src_uid', or ''), snapshot_file (its snapshot's blob file,
---   gateway/features/snapshots.py, or '')} | {'soft'} | {'missing'} | {'gone'}.
+--   gateway/features/snapshots.py, or '')} | {'soft'} | {'missing'} | {'gone'} | {'foreign'}.
 WAKE = ARGV[1]
 local INDEX = KEYS[7]
-return with_stream(now_ms(), function(m)
+local now = now_ms()
+tenant_bind(8, ARGV[2], now)
+local reply = with_stream(now, function(m)
+  if TN and m.tn and m.tn ~= TN.name then return {'foreign'} end
+  tenant_release(stream_sid())
   publish('deleted')
   redis.call('ZREM', INDEX, stream_sid())
   record_for_subscribers(false)
@@ -24,3 +32,6 @@ return with_stream(now_ms(), function(m)
   drop()
   return {'deleted', m.src or '', m.src_uid or '', m.snap_file or ''}
 end)
+if reply[1] == 'missing' then tenant_release(stream_sid()) end  -- it expired: given back now
+tenant_save()
+return reply

@@ -45,7 +45,7 @@ async def _stream(redis_url: str, http, headers: dict[str, str], data: bytes = b
 async def _begin(scripts: Scripts, sid: str, data: bytes, total: int, token: str = "t0") -> list:
     """The first step of a large append, as a writer that then goes silent leaves it."""
     entries = pack_bytes(data)
-    head = [8192, keys.SUBS_WAKE_CHANNEL, 1, "application/octet-stream", "0", "", "", "", "", "", ""]
+    head = [8192, keys.SUBS_WAKE_CHANNEL, "", 1, "application/octet-stream", "0", "", "", "", "", "", ""]
     args = [*head, token, total, len(entries), *flatten(entries)]
     script_keys = [*keys.stream_keys(sid), keys.stream_subs(sid), keys.subs_outbox(sid, False)]
     return await scripts.run("append", script_keys, args)
@@ -131,7 +131,7 @@ async def test_a_step_after_its_deadline_is_refused(redis_url, http, redis) -> N
         scripts = Scripts(redis)
         await _begin(scripts, sid, b"x" * 1000, 2000, token="slow")
         script_keys = [*keys.stream_keys(sid), keys.stream_subs(sid), keys.subs_outbox(sid, False)]
-        tail = ["slow", "last", "0", "", "", "", "", keys.SUBS_WAKE_CHANNEL, 1000, b"y" * 1000]
+        tail = ["slow", "last", "0", "", "", "", "", keys.SUBS_WAKE_CHANNEL, "", 1000, b"y" * 1000]
         await asyncio.sleep(5.2)  # a writer paused past PEND_MS (a GC pause, a stopped VM)
         assert await scripts.run("append_part", script_keys, tail) == [b"lost"]
         assert await read_all(http, url) == b""
@@ -173,7 +173,7 @@ async def test_plain_parts_are_the_scripts_parts(redis_url, http, redis) -> None
         script_keys = [*keys.stream_keys(other), keys.stream_subs(other), keys.subs_outbox(other, False)]
         for at in range(0, len(big), STEP_BYTES):
             part = big[at : at + STEP_BYTES]
-            step = ["t", "part", "0", "", "big", "2", "0", keys.SUBS_WAKE_CHANNEL, len(part), part]
+            step = ["t", "part", "0", "", "big", "2", "0", keys.SUBS_WAKE_CHANNEL, "", len(part), part]
             assert await scripts.run("append_part", script_keys, step) == [b"more"]
         scripted = await redis.xrange(keys.stream_keys(other)[1])
         assert [(i, {k: v for k, v in f.items() if k != b"t"}) for i, f in plain] == [
@@ -242,7 +242,7 @@ async def test_the_last_step_refuses_a_part_missing(redis_url, http, redis) -> N
         scripts = Scripts(redis)
         await _begin(scripts, sid, b"x" * 10, 30, token="t")  # 30 announced, 10 written
         script_keys = [*keys.stream_keys(sid), keys.stream_subs(sid), keys.subs_outbox(sid, False)]
-        last = ["t", "last", "0", "", "", "", "", keys.SUBS_WAKE_CHANNEL]
+        last = ["t", "last", "0", "", "", "", "", keys.SUBS_WAKE_CHANNEL, ""]
         assert await scripts.run("append_part", script_keys, last) == [b"lost"]
         assert await read_all(http, url) == b"ok"
         async with http.post(url, data=b"!", headers=BYTES) as r:  # nothing waits behind it

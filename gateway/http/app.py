@@ -23,6 +23,7 @@ from . import (
     ops,
     stats,
     subscriptions,
+    tenants,
 )
 from .accesslog import AccessLog
 from .context import GATEWAY
@@ -103,6 +104,7 @@ def create_app(
         *console.routes(settings),
         *stats.routes(settings),
         *listing.routes(settings.prefix),
+        *tenants.routes(settings.prefix),
         *subscriptions.routes(settings.prefix),
     ]:
         add_routes(app, path, name, methods, storage=True, access=access)

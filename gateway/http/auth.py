@@ -28,6 +28,7 @@ import orjson
 from aiohttp import web
 
 from ..config import Settings
+from ..protocol import tenants
 from ..protocol.access import Grants, Principal, has_signature, parse_grants, unauthorized, verify_signed
 from ..protocol.errors import ProtocolError
 from ..telemetry.logs import RateLimited
@@ -63,10 +64,11 @@ class _Token:
     name: str
     grants: Grants
     expires_at: float | None
+    tenant: str | None = None
 
 
 def load_tokens(path: str) -> dict[str, _Token]:
-    """The token file: ``{"tokens": [{"name", "token" | "sha256", "grants", "expires_at"?}]}``
+    """The token file: ``{"tokens": [{"name", "token" | "sha256", "grants", "expires_at"?, "tenant"?}]}``
     (or just the list). Keyed by the token's SHA-256, so the file may hold hashes only."""
     with open(path, "rb") as f:
         try:
@@ -92,7 +94,12 @@ def load_tokens(path: str) -> dict[str, _Token]:
         grants = parse_grants(entry.get("grants"))
         if not grants:
             raise ValueError(f"{where}: grants nothing")
-        tokens[digest.lower()] = _Token(entry["name"], grants, _timestamp(entry.get("expires_at"), where))
+        try:
+            tenant = tenants.claim_tenant(entry.get("tenant"))
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
+        expires_at = _timestamp(entry.get("expires_at"), where)
+        tokens[digest.lower()] = _Token(entry["name"], grants, expires_at, tenant)
     return tokens
 
 
@@ -174,6 +181,7 @@ class _Jwt:
             # Without one, any token the same issuer signed for another service would do.
             raise ValueError("JWT verification needs --auth-jwt-audience (the 'aud' this server accepts)")
         self.claim = settings.auth_jwt_claim
+        self.tenant_claim = settings.tenant_claim
         self.audience = settings.auth_jwt_audience
         self.issuer = settings.auth_jwt_issuer
         self.static_key: Any = None
@@ -225,8 +233,12 @@ class _Jwt:
             grants = parse_grants(claims.get(self.claim), strict=False)
         except ValueError:
             raise unauthorized("token grants unreadable") from None
+        try:
+            tenant = tenants.claim_tenant(claims.get(self.tenant_claim))
+        except ValueError:
+            raise unauthorized(f"token claim {self.tenant_claim!r} is not a tenant name") from None
         subject = f"jwt:{claims.get('iss', '')!r}:{claims.get('sub', '')!r}"
-        principal = Principal(subject, grants, expires_at=float(claims["exp"]))
+        principal = Principal(subject, grants, expires_at=float(claims["exp"]), tenant=tenant)
         self.verified[token] = (principal, min(float(claims["exp"]), time.time() + VERIFIED_SECONDS))
         if len(self.verified) > VERIFIED_CACHE:
             self.verified.popitem(last=False)
@@ -327,7 +339,9 @@ class Authenticator:
             if found is not None:
                 if found.expires_at is not None and time.time() >= found.expires_at:
                     raise unauthorized("token expired")
-                return Principal(f"token:{found.name}", found.grants, expires_at=found.expires_at)
+                return Principal(
+                    f"token:{found.name}", found.grants, expires_at=found.expires_at, tenant=found.tenant
+                )
         if self.jwt is not None and token.count(".") == 2:
             return await self.jwt.principal(token)
         raise unauthorized("unknown token")

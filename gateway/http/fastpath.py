@@ -36,6 +36,7 @@ from aiohttp.streams import StreamReader
 from ..config import Settings
 from ..protocol.access import OPEN, Principal
 from ..protocol.namespace import RESERVED
+from ..redis_io import keys
 from . import pipeline
 from .accesslog import AccessLog
 from .aiohttp_seam import Protocol, whole_body
@@ -140,8 +141,9 @@ class Connection(Protocol):
                     principal = await admitting
                 sid = valid_stream_id(path, gw.settings.max_path_bytes)
                 asked = append_asked(h, sid)
+                tenant = gw.guard.tenant(principal, keys.path_of(sid)) if gw.guard.tenants_on else ""
                 gw.bodies.take(self, len(body))
-                status, headers = await append_body(gw, self, sid, asked, h.get("Content-Type"), body)
+                status, headers = await append_body(gw, self, sid, asked, h.get("Content-Type"), body, tenant)
             except Exception as exc:
                 status, headers, content = pipeline.error_answer(exc, "POST", target)
             # (the browser headers: _write's, as seal would add them; none is an append answer's)

@@ -19,7 +19,7 @@ from aiohttp import web
 from ..config import Settings
 from ..features.backpressure import WritePause
 from ..features.ratelimit import RateLimiter
-from ..protocol import access, browser, quotas
+from ..protocol import access, browser, quotas, tenants
 from ..protocol.access import OPEN, Principal, Scope
 from ..protocol.errors import ProtocolError
 from ..protocol.headers import STREAM_CLOSED, is_true
@@ -91,6 +91,8 @@ class Guard:
         self.settings = settings
         self.auth = Authenticator(settings) if settings.auth_enabled else None
         self.rules = quotas.parse_rules(settings.rate_limits)
+        self.tenants_on = settings.tenants
+        self.tenant_rules = tenants.parse_path_rules(settings.tenant_paths)
         self.limiter: RateLimiter | None = None
         self.pause: WritePause | None = None
         self.cors = browser.cors_policy(
@@ -133,6 +135,8 @@ class Guard:
         if request.method == "OPTIONS":  # a preflight carries no credentials: answered for anyone
             return None
         self._check_host_and_origin(request)
+        if self.tenants_on:  # every stream request is some tenant's: 403 here when none
+            self.tenant(OPEN, request.match_info["path"])
         if self.pause is not None and self.pause.active and stores_data(request):
             self.pause.check(request.match_info["path"])
         return None
@@ -148,7 +152,9 @@ class Guard:
         self._check_host_and_origin(request)
         authorization, address = request.headers.get("Authorization"), self._address(request)
         paused = stream and stores_data(request)
-        principal = await self._admit(authorization, request.query, scope, path, address, paused=paused)
+        principal = await self._admit(
+            authorization, request.query, scope, path, address, paused=paused, stream=stream
+        )
         if self.auth is not None or self.limiter is not None:
             request[PRINCIPAL] = principal
 
@@ -163,7 +169,7 @@ class Guard:
         self.check_host(host)
         if self.auth is None and self.limiter is None:
             return None
-        return self._admit(authorization, {}, "write", path, address, paused=False)
+        return self._admit(authorization, {}, "write", path, address, paused=False, stream=True)
 
     async def _admit(
         self,
@@ -174,18 +180,29 @@ class Guard:
         address: Callable[[], str],
         *,
         paused: bool,
+        stream: bool = False,
     ) -> Principal:
-        """Credentials and ``scope`` on ``path``, then write backpressure (``paused``: a
-        request that may store data; after them, a client that may not write is told so,
-        not to retry), then rate limits (a refused write takes no token)."""
+        """Credentials and ``scope`` on ``path``, then (``stream``: a stream's request) its
+        tenant, then write backpressure (``paused``: a request that may store data; after
+        them, a client that may not write is told so, not to retry), then rate limits (a
+        refused write takes no token; with tenants, a stream request's are its tenant's)."""
         principal = OPEN
         if self.auth is not None or self.limiter is not None:
             principal = await self._principal_of(authorization, query, scope, path, address)
             access.check(principal, scope, path)
+        tenant = self.tenant(principal, path) if stream else ""
         if paused and self.pause is not None and self.pause.active:
             self.pause.check(path)
-        await self._limit(principal, scope, path, address)
+        await self._limit(principal, scope, path, address, tenant)
         return principal
+
+    def tenant(self, principal: Principal, path: str) -> str:
+        """The tenant a request on stream ``path`` acts for ('' with tenants off); 403
+        when it has none (protocol/tenants.py)."""
+        if not self.tenants_on:
+            return ""
+        credentialed = not principal.anonymous and principal.only_path is None
+        return tenants.tenant_of(principal.tenant, credentialed, path, self.tenant_rules)
 
     async def admit_listing(self, request: web.Request, prefix: str) -> Principal:
         """A listing of ``prefix`` (http/listing.py): like a read of it, except that
@@ -248,6 +265,16 @@ class Guard:
             principal = await self.auth.principal(request, "")
             access.check(principal, "admin", "")
 
+    async def admit_tenants(self, request: web.Request, own: str) -> None:
+        """The tenants API (http/tenants.py): ``admin`` on every stream; or, ``own`` being a
+        tenant's name, a read of its entry by that tenant's credentials."""
+        self._check_host_and_origin(request)
+        principal = await self._principal(request, "admin", "")
+        request[PRINCIPAL] = principal
+        if not (own and request.method == "GET" and principal.tenant == own):
+            access.check(principal, "admin", "")
+        await self.limit(request, principal, "admin", "")
+
     async def authenticated(self, request: web.Request) -> Principal:
         """The principal of a request that must carry credentials (e.g. /auth/sign)."""
         if self.auth is None:
@@ -261,14 +288,21 @@ class Guard:
         """429 + Retry-After when the bucket of the rule that applies is empty."""
         await self._limit(principal, scope, path, self._address(request))
 
-    async def _limit(self, principal: Principal, scope: Scope, path: str, address: Callable[[], str]) -> None:
-        """``limit``; ``address``: the client's address, asked only when it counts."""
+    async def _limit(
+        self, principal: Principal, scope: Scope, path: str, address: Callable[[], str], tenant: str = ""
+    ) -> None:
+        """``limit``; ``address``: the client's address, asked only when it counts;
+        ``tenant``: counted as that tenant's (every credential and client of it share its
+        buckets), '' as the principal's."""
         if self.limiter is None:
             return
         rule = quotas.match(self.rules, scope, path, principal.anonymous)
         if rule is None:
             return
-        who = f"ip:{address()}" if principal is OPEN else access.holder(principal)
+        if tenant:
+            who = f"tenant:{tenant}"
+        else:
+            who = f"ip:{address()}" if principal is OPEN else access.holder(principal)
         wait = await self.limiter.take(who, rule)
         if wait > 0:
             raise ProtocolError(429, "rate limit exceeded", {"Retry-After": str(max(1, math.ceil(wait)))})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import re
 import time
@@ -190,6 +191,7 @@ async def put_stream(request: web.Request) -> web.Response:
     if fork_offset is not None:
         fork_offset = fork_offset.strip()
         offsets.decode(fork_offset)
+    tenant = gw.guard.tenant(principal_of(request), keys.path_of(sid))  # (403 before the body is read)
     raw_type = h.get("Content-Type")
     content_type = raw_type.strip() if raw_type and raw_type.strip() else None
     if content_type is not None:
@@ -224,6 +226,7 @@ async def put_stream(request: web.Request) -> web.Response:
         # a PUT never creates one; a soft-deleted one answers as without it (409).
         if_match=if_match.script_arg() if if_match is not None else "",
         compaction=compaction.asked(h.get(STREAM_COMPACTION)),
+        tenant=tenant,
     )
     created, meta = await gw.store.create(sid, spec)
     headers = responses.stream_state(meta)
@@ -254,11 +257,18 @@ def append_asked(h: CIMultiDictProxy[str] | CIMultiDict[str], sid: str) -> Appen
 
 
 async def append_body(
-    gw: Gateway, owner: object, sid: str, asked: AppendAsked, raw_type: str | None, body: bytes
+    gw: Gateway,
+    owner: object,
+    sid: str,
+    asked: AppendAsked,
+    raw_type: str | None,
+    body: bytes,
+    tenant: str = "",
 ) -> tuple[int, dict[str, str]]:
     """A POST's append, its body in hand: the status and headers of its answer. Shared by
     the POST handler and the connection's own append path (fastpath.py); ``owner``: whose
-    bodies budget a JSON body's parsed copy counts against."""
+    bodies budget a JSON body's parsed copy counts against; ``tenant``: whose quotas it
+    counts against ('' none)."""
     entries: list[LogEntry] = []
     media = ""
     if body:
@@ -280,6 +290,7 @@ async def append_body(
         producer=asked.producer,
         if_match=asked.if_match,
         expected_offset=asked.expected_offset,
+        tenant=tenant,
     )
     # New data from an idempotent producer is 200; duplicates and close-only are 204.
     status = 200 if asked.producer is not None and result.status == "ok" and entries else 204
@@ -294,13 +305,17 @@ async def post_stream(request: web.Request) -> web.Response:
     gw = gateway_of(request)
     sid = _sid(request, gw)
     asked = append_asked(request.headers, sid)
+    tenant = gw.guard.tenant(principal_of(request), keys.path_of(sid))  # (403 before the body is read)
     body = await _body(request, gw)
-    status, headers = await append_body(gw, request, sid, asked, request.headers.get("Content-Type"), body)
+    raw_type = request.headers.get("Content-Type")
+    status, headers = await append_body(gw, request, sid, asked, raw_type, body, tenant)
     return web.Response(status=status, headers=headers)
 
 
 async def delete_stream(request: web.Request) -> web.Response:
-    await gateway_of(request).store.delete(_sid(request))
+    gw = gateway_of(request)
+    sid = _sid(request)
+    await gw.store.delete(sid, gw.guard.tenant(principal_of(request), keys.path_of(sid)))
     return web.Response(status=204)
 
 
@@ -328,8 +343,11 @@ async def get_stream(request: web.Request) -> web.StreamResponse:
         until = principal_of(request).expires_at
         serve = live.sse if mode == "sse" else live.long_poll
         slot = gw.guard.live.hold(gw.guard.live_holder(request))
-        with slot, metrics.child(metrics.LIVE_CONNECTIONS, mode).track_inprogress():
-            return await serve(request, gw, sid, start, cursor.response_cursor(client_cursor), until)
+        tenant = gw.guard.tenant(principal_of(request), keys.path_of(sid))
+        lease = gw.store.tenant_live.hold(tenant) if tenant else contextlib.nullcontext()
+        async with lease:  # the tenant's live connections, fleet-wide (features/tenant_live.py)
+            with slot, metrics.child(metrics.LIVE_CONNECTIONS, mode).track_inprogress():
+                return await serve(request, gw, sid, start, cursor.response_cursor(client_cursor), until)
     if mode is not None:
         raise bad_request("live must be long-poll or sse")
     async with catchup.FirstPage(gw) as first:  # its share of the read budget

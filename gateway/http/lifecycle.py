@@ -77,6 +77,7 @@ def install(
             archive_hints=settings.archive_hints,
             stream_registry=settings.stream_registry,
             compaction_prefixes=settings.compaction_prefix_list,
+            tenants=settings.tenants,
         )
         app[MEMBER] = member = Membership(scripts.redis, "gateway")
         preflight = Preflight(

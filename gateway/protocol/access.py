@@ -119,6 +119,7 @@ class Principal:
     expires_at: float | None = None
     anonymous: bool = False
     only_path: str | None = None  # a signed URL's stream: its grants cover no other
+    tenant: str | None = None  # the credential's tenant (protocol/tenants.py), None: it names none
 
     def allows(self, scope: Scope, path: str) -> bool:
         if self.only_path is not None and path != self.only_path:

@@ -181,6 +181,7 @@ class CreateSpec:
     pin_source: bool = True
     if_match: str = ""  # If-Match for create.lua (conditions.IfMatch.script_arg), '' none
     compaction: str | None = None  # Stream-Compaction as asked (protocol/compaction.asked)
+    tenant: str = ""  # whose quotas it counts against (docs/tenants.md), '' none
 
 
 @dataclass(slots=True)  # not frozen: one per append, and a frozen __init__ costs ~1 µs more

@@ -107,6 +107,7 @@ class CreateArgv(NamedTuple):
     compaction: str  # 'state' | ''
     compaction_asked: str  # '1' | '0'
     gaps: str  # '1' | '0'
+    tenant: str = ""  # '' none
 
 
 class CreateDone(NamedTuple):  # 'created' | 'exists'
@@ -128,6 +129,7 @@ class CreateRefused(NamedTuple):  # 'precondition_failed'
 class AppendArgv(NamedTuple):
     notice_bytes: int
     wake_channel: str
+    tenant: str  # '' none
 
 
 class AppendStream(NamedTuple):
@@ -211,6 +213,7 @@ class AppendPartArgv(NamedTuple):
     producer_epoch: int | str
     producer_seq: int | str
     wake_channel: str
+    tenant: str  # '' none
 
 
 class ReadArgv(NamedTuple):
@@ -251,6 +254,33 @@ class ReadRangeArgv(NamedTuple):
 
 class DeleteArgv(NamedTuple):
     wake_channel: str
+    tenant: str = ""  # '' none
+
+
+class QuotaRefused(NamedTuple):  # 'quota' (create, append, append_part: _tenants.lua)
+    status: bytes
+    quota: bytes
+    limit: bytes
+    usage: bytes
+    asked: bytes
+
+
+class TenantLiveArgv(NamedTuple):
+    member: str
+    lease_ms: int
+
+
+class TenantLiveTaken(NamedTuple):  # 'ok'
+    status: bytes
+    usage: bytes
+
+
+class TenantSweepArgv(NamedTuple):
+    tenant: str
+
+
+class TenantSwept(NamedTuple):
+    released: int
 
 
 class Deleted(NamedTuple):
@@ -638,6 +668,7 @@ CREATE = Script(
         "exists": CreateDone,
         "conflict": CreateConflict,
         "precondition_failed": CreateRefused,
+        "quota": QuotaRefused,
     },
 )
 APPEND = Script(
@@ -655,14 +686,20 @@ APPEND = Script(
         "stale_epoch": AppendStaleEpoch,
         "seq_gap": AppendSeqGap,
         "error": AppendFailed,
+        "quota": QuotaRefused,
     },
 )
-APPEND_PART = Script("append_part", AppendPartArgv, tail="entries", replies={"ok": AppendDone})
+APPEND_PART = Script(
+    "append_part", AppendPartArgv, tail="entries", replies={"ok": AppendDone, "quota": QuotaRefused}
+)
 READ = Script("read", ReadArgv, replies={"ok": ReadDone}, writes=False)
 READ_RANGE = Script("read_range", ReadRangeArgv, reply=RangeReply, writes=False)
 DELETE = Script("delete", DeleteArgv, replies={"deleted": Deleted})
 FORK_REF = Script("fork_ref", ForkRefArgv, replies={"ok": ForkReferenced})
 RELEASE_FORK = Script("release_fork", ReleaseForkArgv, replies={"collected": ForkReleased})
+# Tenants (features/tenants.py): what streams that ended without a script held, given back.
+TENANT_SWEEP = Script("tenant_sweep", TenantSweepArgv, tail="streams", reply=TenantSwept)
+TENANT_LIVE = Script("tenant_live", TenantLiveArgv, replies={"ok": TenantLiveTaken, "quota": QuotaRefused})
 # The stream index (features/listing.py): the listing's look at a stream it found there, and
 # migrate's step that lists streams made before the index (layout.py).
 STREAM_INFO = Script("stream_info", StreamInfoArgv, replies={"ok": StreamInfo}, writes=False)

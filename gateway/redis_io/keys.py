@@ -317,3 +317,56 @@ def sub_keys(sub: str, cluster: bool) -> list[str]:
     group = sub_group(sub, cluster)
     tag, sid = f"{PREFIX}:{{{_GROUP_TAGS[group]}}}", sub_id(sub)
     return [f"{tag}:s:{sid}", f"{tag}:l:{sid}", f"{tag}:p:{sid}", due_key(group)]
+
+
+# Tenants (docs/tenants.md, lua/_tenants.lua; one Redis only: a tenant's keys and its
+# streams' are used by one script). Tenant names are protocol/tenants.NAME's: no ':', '{'.
+TENANT_DEFAULTS = f"{PREFIX}:tenants:defaults"  # hash: 'q.<quota>' every tenant starts from
+TENANT_INDEX = f"{PREFIX}:tenants"  # set: the tenants that stored something
+TENANT_SWEEP = f"{PREFIX}:tenants:sweep"  # the gateway sweeping now (features/tenants.py)
+METER_PREFIX = f"{PREFIX}:meter:"
+METER_HOUR_SECONDS = 3600
+
+
+def tenant(name: str) -> str:
+    """A tenant's hash: its quota overrides ('q.<quota>') and usage ('u.<...>')."""
+    return f"{PREFIX}:tenant:{name}"
+
+
+def tenant_live(name: str) -> str:
+    """A tenant's live connections on every gateway (sorted set: lease -> its end, ms;
+    features/tenant_live.py)."""
+    return f"{PREFIX}:tenant:{name}:live"
+
+
+def tenant_streams(name: str) -> str:
+    """A tenant's streams (hash: stream id -> the bytes stored for it there)."""
+    return f"{PREFIX}:tenant:{name}:streams"
+
+
+def meter(hour: int) -> str:
+    """The usage counted in the hour that starts at ``hour`` (Unix seconds): a hash of
+    '<tenant> <counter>' -> count, moved to Parquet by workers/meter.py."""
+    return f"{METER_PREFIX}{hour}"
+
+
+# The meter's hours being moved to Parquet (workers/meter.py): a hash, hour -> the part key
+# its counts were renamed to, kept until the part's file is written and the part deleted.
+METER_FLUSHING = f"{PREFIX}:meter-flushing"
+
+
+def meter_part(hour: int, part: str) -> str:
+    """An hour's counts taken to be written as usage file ``part`` (workers/meter.py)."""
+    return f"{PREFIX}:meter-part:{hour}:{part}"
+
+
+def meter_hour(now: float) -> int:
+    """The start of the metering hour ``now`` (Unix seconds) falls in."""
+    return int(now) // METER_HOUR_SECONDS * METER_HOUR_SECONDS
+
+
+def tenant_keys(name: str, now: float) -> list[str]:
+    """What a script made for tenant ``name`` gets, in this order, before the outbox
+    (lua/_tenants.lua's tenant_bind): its hash, the defaults, the index, its streams, the
+    meter of the hour ``now`` falls in."""
+    return [tenant(name), TENANT_DEFAULTS, TENANT_INDEX, tenant_streams(name), meter(meter_hour(now))]

@@ -10,7 +10,7 @@ from typing import Any
 
 import redis.exceptions
 
-from ..protocol import offsets
+from ..protocol import offsets, tenants
 from ..protocol.conditions import offset_conflict, precondition_failed
 from ..protocol.errors import ProtocolError, bad_request
 from ..protocol.headers import (
@@ -24,7 +24,15 @@ from ..protocol.models import text
 from ..protocol.responses import current_state
 from ..telemetry import metrics
 from ..telemetry.logs import RateLimited
-from .contracts import APPEND, AppendClosed, AppendConflict, AppendFailed, AppendSeqGap, AppendStaleEpoch
+from .contracts import (
+    APPEND,
+    AppendClosed,
+    AppendConflict,
+    AppendFailed,
+    AppendSeqGap,
+    AppendStaleEpoch,
+    QuotaRefused,
+)
 
 log = logging.getLogger(__name__)
 limited = RateLimited(log)
@@ -96,6 +104,14 @@ _CONFLICTS: dict[str, Callable[[dict[str, str]], ProtocolError]] = {
 }
 
 
+def tenant_refusal(status: str, result: list[Any]) -> ProtocolError:
+    """A script's 'quota' or 'foreign' answer (lua/_tenants.lua), as the client's error."""
+    if status == "foreign":
+        return tenants.foreign()
+    refused = QuotaRefused(*result)
+    return tenants.refused(text(refused.quota), int(refused.limit), int(refused.usage), int(refused.asked))
+
+
 def append_error(status: str, result: list[Any], stream_id: str) -> ProtocolError:
     """An append.lua answer other than 'ok' or 'dup', as the client's error."""
     if status == "error":  # append.lua caught a failure of this append alone
@@ -124,6 +140,8 @@ def append_error(status: str, result: list[Any], stream_id: str) -> ProtocolErro
         conflict = AppendConflict(*result)
         state = current_state(stream_id, text(conflict.created), int(conflict.tail), closed=False)
         return _CONFLICTS[status](state)
+    if status in ("quota", "foreign"):
+        return tenant_refusal(status, result)
     if status == "bad_epoch_seq":
         return bad_request("a new producer epoch must start at Producer-Seq 0")
     if status == "stale_epoch":

@@ -68,7 +68,9 @@ class AppendRequest:
     if_match: str = ""  # IfMatch.script_arg(), '' none
     expected_offset: str = ""  # the tail position Stream-Expected-Offset names, '' none
     token: str = ""  # a large append's, written in steps ('' none)
-    total: int = 0  # the positions the whole of a large append takes
+    total: int = 0  # the positions the whole of a large append takes ...
+    total_bytes: int = 0  # ... and the bytes it stores
+    tenant: str = ""  # whose quotas it counts against ('' none): not an argument of its own
 
     def script_args(self) -> list[Any]:
         """This append's part of append.lua's ARGV (its group, then its entries)."""
@@ -83,7 +85,7 @@ class AppendRequest:
             self.if_match,
             self.expected_offset,
             self.token,
-            self.total if self.token else "",
+            f"{self.total} {self.total_bytes}" if self.token else "",
             len(self.entries),
         )
         return [*item, *flatten(self.entries)]
@@ -101,7 +103,7 @@ class AppendRequest:
         ]
         out += (_utf8(p.id), b"%d" % p.epoch, b"%d" % p.seq) if p else (b"", b"", b"")
         out += (_utf8(self.if_match), _utf8(self.expected_offset), _utf8(self.token))
-        out += (b"%d" % self.total if self.token else b"", b"%d" % len(self.entries))
+        out += (b"%d %d" % (self.total, self.total_bytes) if self.token else b"", b"%d" % len(self.entries))
         for size, data in self.entries:
             out += (b"%d" % size, data)
         return out
@@ -173,9 +175,11 @@ class Appends:
         producer: Producer | None,
         if_match: IfMatch | None = None,
         expected_offset: int | None = None,
+        tenant: str = "",
     ) -> AppendResult:
         """POST. Concurrent appends to one stream go to Redis together; each one's
-        conditions (If-Match, Stream-Expected-Offset) are checked at its turn."""
+        conditions (If-Match, Stream-Expected-Offset) are checked at its turn, and its
+        ``tenant``'s quotas (docs/tenants.md; '' none)."""
         request = AppendRequest(
             media_type if entries else "",
             close,
@@ -184,6 +188,7 @@ class Appends:
             entries,
             if_match.script_arg() if if_match else "",
             "" if expected_offset is None else str(expected_offset),
+            tenant=tenant,
         )
         if stored_bytes(entries) > STEP_BYTES:
             result = await self._append_in_steps(sid, request)
@@ -225,7 +230,13 @@ class Appends:
         leftovers are dropped, now or by the next append once PEND_MS passed): 503, nothing
         stored."""
         token = uuid.uuid4().hex
-        first = replace(request, entries=[], token=token, total=positions(request.entries))
+        first = replace(
+            request,
+            entries=[],
+            token=token,
+            total=positions(request.entries),
+            total_bytes=stored_bytes(request.entries),
+        )
         args = encoded(first.script_args())
         call = self._call([(sid, first, args)], [0])
         result = await _waiting_out_busy(lambda: self._run_alone(call))
@@ -244,10 +255,12 @@ class Appends:
             p.epoch if p else "",
             p.seq if p else "",
             keys.SUBS_WAKE_CHANNEL,
+            request.tenant,
         )
         script_keys = [
             *keys.stream_keys(sid),
             keys.stream_subs(sid),
+            *(keys.tenant_keys(request.tenant, time.time()) if request.tenant else ()),
             keys.subs_outbox(sid, self.scripts.cluster),
         ]
         producer = f"{p.epoch} {p.seq} {p.id}".encode() if p else b""  # as add_entries stores it
@@ -325,6 +338,8 @@ class Appends:
         the one script either runs whole or, refused before its first write (OOM), not
         at all: no batch is half applied."""
         parts = self.scripts.by_slot(list(range(len(batch))), lambda i: keys.stream_keys(batch[i][0])[0])
+        if any(item[1].tenant for item in batch):  # a call counts against one tenant's quotas
+            parts = [same for part in parts for same in _by_tenant(batch, part)]
         calls = [self._call(batch, part) for part in parts]
         if len(parts) == 1:  # one Redis: the call's failure is every append's (raised)
             replies = [await self.scripts.run(APPEND.name, *calls[0][:2], self._held[lane])]
@@ -354,7 +369,8 @@ class Appends:
         for index in part:
             by_stream.setdefault(batch[index][0], []).append(index)
         script_keys: list[str] = []
-        args: list[Any] = [*AppendArgv(self.notice_payload_bytes, keys.SUBS_WAKE_CHANNEL)]
+        tenant = batch[part[0]][1].tenant
+        args: list[Any] = [*AppendArgv(self.notice_payload_bytes, keys.SUBS_WAKE_CHANNEL, tenant)]
         order: list[int] = []
         for sid, indexes in by_stream.items():
             script_keys += self._stream_keys(sid)
@@ -362,6 +378,8 @@ class Appends:
             for i in indexes:
                 args += batch[i][2]
             order += indexes
+        if tenant:
+            script_keys += keys.tenant_keys(tenant, time.time())
         script_keys.append(keys.subs_outbox(batch[part[0]][0], self.scripts.cluster))
         return script_keys, args, order
 
@@ -373,6 +391,14 @@ class Appends:
                 self._keys.clear()
             found = self._keys[sid] = [*keys.stream_keys(sid), keys.stream_subs(sid)]
         return found
+
+
+def _by_tenant(batch: list[Queued], part: list[int]) -> list[list[int]]:
+    """``part``'s appends split by tenant, each tenant's in arrival order."""
+    split: dict[str, list[int]] = {}
+    for index in part:
+        split.setdefault(batch[index][1].tenant, []).append(index)
+    return list(split.values())
 
 
 def _reason(exc: redis.exceptions.ResponseError) -> str:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 from ..archive.cold import ColdReader
 from ..features.buckets import Buckets
@@ -30,6 +31,8 @@ from ..features.listing import IndexSweep, Listing
 from ..features.snapshots import Snapshots
 from ..features.stats import Reader
 from ..features.subscriptions import Subscriptions
+from ..features.tenant_live import LiveLeases
+from ..features.tenants import Tenants
 from ..protocol import compaction
 from ..protocol.conditions import precondition_failed
 from ..protocol.entries import flatten, pack_messages
@@ -48,7 +51,7 @@ from ..redis_io.contracts import (
     Deleted,
     status_of,
 )
-from ..redis_io.outcomes import not_found
+from ..redis_io.outcomes import not_found, tenant_refusal
 from ..redis_io.scripts import Scripts
 from .appends import Appends
 from .forks import ForkPlan, Forks
@@ -78,6 +81,7 @@ class Store:
         archive_hints: bool = True,
         stream_registry: bool = False,
         compaction_prefixes: tuple[str, ...] = (),
+        tenants: bool = False,
     ) -> None:
         self._scripts = scripts
         self._compaction_prefixes = compaction_prefixes  # --compaction-prefixes (docs/compaction.md)
@@ -94,9 +98,14 @@ class Store:
         self.snapshots = Snapshots(scripts, cold.archive)
         self.subscriptions = Subscriptions(scripts)
         self.stats = Reader(scripts)
+        self.tenants = Tenants(scripts)
+        self.tenant_live = LiveLeases(scripts)
+        self._tenants_on = tenants  # --tenants: their sweep runs here
         self._index_sweep = IndexSweep(self.listing)
         self._hints_task: asyncio.Task[None] | None = None
         self._sweep_task: asyncio.Task[None] | None = None
+        self._tenant_task: asyncio.Task[None] | None = None
+        self._live_task: asyncio.Task[None] | None = None
         if scripts.cluster:  # the outbox's table of slot tags, now (~0.5 s) rather than at an append
             keys.subs_outbox("", cluster=True)
 
@@ -115,15 +124,20 @@ class Store:
         """The background work: archive hints sent each second, the stream index swept."""
         self._hints_task = asyncio.create_task(self._hints.run(), name="archive hints")
         self._sweep_task = asyncio.create_task(self._index_sweep.run(), name="index sweep")
+        if self._tenants_on:
+            self._tenant_task = asyncio.create_task(self.tenants.run(), name="tenant sweep")
+            self._live_task = asyncio.create_task(self.tenant_live.run(), name="tenant live leases")
 
     async def close(self, step_seconds: float = 5.0) -> None:
         """Stop the background work (the hints still marked are sent; the sweep just stops)
         and close the clients; each of the two steps bounded, so that a Redis that does not
         answer cannot hold the process."""
         self._hints.stop()
-        if self._sweep_task is not None:
-            self._sweep_task.cancel()
-        running = [t for t in (self._hints_task, self._sweep_task) if t is not None]
+        for sweep in (self._sweep_task, self._tenant_task, self._live_task):
+            if sweep is not None:
+                sweep.cancel()
+        tasks = (self._hints_task, self._sweep_task, self._tenant_task, self._live_task)
+        running = [t for t in tasks if t is not None]
         if running:
             _, late = await asyncio.wait(running, timeout=step_seconds)
             for task in late:  # hints Redis did not take in time: dropped (a worker finds them anyway)
@@ -175,7 +189,8 @@ class Store:
         expiry: Expiry,
         fork: ForkPlan | None,
     ) -> tuple[bool, Meta]:
-        script_keys = self.keys_with_subscribers(sid, keys.stream_born(sid))
+        born = keys.stream_born(sid)
+        script_keys = self.keys_with_subscribers(sid, born, *self._tenant_keys(spec.tenant))
         record = await self.subscriptions.workers.alive()
         argv = CreateArgv(
             content_type=content_type,
@@ -201,11 +216,14 @@ class Store:
             compaction=compaction.mode(
                 spec.compaction, media_type, keys.path_of(sid), self._compaction_prefixes
             ),
+            tenant=spec.tenant,
         )
         result = await self._scripts.run(CREATE.name, script_keys, [*argv, *flatten(spec.entries)])
         status = status_of(result)
         if status == "conflict":
             raise ProtocolError(409, "stream exists with a different configuration")
+        if status in ("quota", "foreign"):
+            raise tenant_refusal(status, result)
         if status == "precondition_failed":
             refused = CreateRefused(*result)
             tail, incarnation = text(refused.tail), text(refused.created)
@@ -234,11 +252,19 @@ class Store:
             keys.subs_outbox(sid, cluster),
         ]
 
-    async def delete(self, sid: str) -> None:
-        result = await self._scripts.run(
-            DELETE.name, self.keys_with_subscribers(sid), [*DeleteArgv(keys.SUBS_WAKE_CHANNEL)]
-        )
+    @staticmethod
+    def _tenant_keys(tenant: str) -> list[str]:
+        """A call's tenant keys (lua/_tenants.lua), none for a call made for no tenant."""
+        return keys.tenant_keys(tenant, time.time()) if tenant else []
+
+    async def delete(self, sid: str, tenant: str = "") -> None:
+        """DELETE; ``tenant``: whose stream it must be (docs/tenants.md), '' any."""
+        script_keys = self.keys_with_subscribers(sid, *self._tenant_keys(tenant))
+        argv = DeleteArgv(keys.SUBS_WAKE_CHANNEL, tenant)
+        result = await self._scripts.run(DELETE.name, script_keys, [*argv])
         status = status_of(result)
+        if status == "foreign":
+            raise tenant_refusal(status, result)
         if status in ("missing", "gone"):
             raise not_found(status)
         await self._registry.record(sid, lambda: deleted_event(keys.path_of(sid)))

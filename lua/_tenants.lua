@@ -1,0 +1,103 @@
+-- _tenants.lua: tenants' quotas and usage (docs/tenants.md), put after the prelude of
+-- the scripts that store or free data for a tenant (gateway/redis_io/lua.py). A call made
+-- for a tenant (its name an ARGV, '' none: nothing here acts) passes its five keys just
+-- before the outbox (keys.tenant_keys), bound by tenant_bind:
+--   its hash: quota overrides 'q.<quota>' and usage 'u.streams', 'u.stored_bytes',
+--     'u.written_bytes' (in the period that starts at 'u.period_start', Unix seconds);
+--   the defaults' hash ('q.<quota>'); the tenants' index (a set of names);
+--   its streams (a hash: stream id -> the bytes stored for the tenant in it);
+--   the meter of the gateway's hour (a hash: '<tenant> <counter>' -> count, what
+--     workers/meter.py moves to Parquet).
+-- The check and the write are one script, so writers on any number of gateways never pass
+-- a quota, not by one byte. A stream belongs to the tenant that made it (meta 'tn'); one
+-- made while tenants were off is taken by the first tenant that writes it (its bytes from
+-- then on count). Another tenant's stream is not written: 'foreign'.
+local TN = nil  -- the bound tenant (a table), nil for a call made for none
+
+local function tenant_bind(k, name, now)
+  if not name or name == '' then return end
+  local t = {key = KEYS[k], defaults = KEYS[k + 1], index = KEYS[k + 2], owned = KEYS[k + 3],
+    meter = KEYS[k + 4], name = name, appends = 0, bytes_in = 0, created = 0, deleted = 0}
+  local own = redis.call('HMGET', t.key, 'q.streams', 'q.stored_bytes', 'q.written_bytes',
+    'q.written_period_seconds', 'u.streams', 'u.stored_bytes', 'u.written_bytes', 'u.period_start')
+  local def = redis.call('HMGET', t.defaults, 'q.streams', 'q.stored_bytes', 'q.written_bytes',
+    'q.written_period_seconds')
+  local function quota(i) local v = own[i] or def[i]; return v and tonumber(v) or nil end
+  t.q_streams, t.q_stored, t.q_written = quota(1), quota(2), quota(3)
+  local period = quota(4) or 86400
+  t.period_start = math.floor(now / 1000 / period) * period
+  t.streams, t.stored = tonumber(own[5] or '0'), tonumber(own[6] or '0')
+  t.written = 0  -- a new period starts from nothing written
+  if tonumber(own[8] or '-1') == t.period_start then t.written = tonumber(own[7] or '0') end
+  TN = t
+end
+
+-- nil when the bound tenant may store `bytes` more (and hold one stream more:
+-- `new_stream`), else the refusal {'quota', name, limit, usage, asked}.
+local function tenant_refuses(bytes, new_stream)
+  if not TN then return nil end
+  if new_stream and TN.q_streams and TN.streams + 1 > TN.q_streams then
+    return {'quota', 'streams', fmt(TN.q_streams), fmt(TN.streams), '1'}
+  end
+  if bytes > 0 and TN.q_stored and TN.stored + bytes > TN.q_stored then
+    return {'quota', 'stored_bytes', fmt(TN.q_stored), fmt(TN.stored), fmt(bytes)}
+  end
+  if bytes > 0 and TN.q_written and TN.written + bytes > TN.q_written then
+    return {'quota', 'written_bytes', fmt(TN.q_written), fmt(TN.written), fmt(bytes)}
+  end
+  return nil
+end
+
+-- Whether the bound tenant may write the stream `m` (META's): nil if so (a stream made
+-- while tenants were off is taken now, as one of its streams), else the refusal.
+local function tenant_claim(m)
+  if not TN or m.tn == TN.name then return nil end
+  if m.tn then return {'foreign'} end
+  local no = tenant_refuses(0, true)
+  if no then return no end
+  m.tn = TN.name
+  redis.call('HSET', META, 'tn', TN.name)
+  redis.call('HSETNX', TN.owned, stream_sid(), '0')
+  TN.streams = TN.streams + 1
+  TN.dirty = true
+  return nil
+end
+
+-- `bytes` stored for the bound tenant in the stream (META's), `new_stream` its first.
+local function tenant_charge(bytes, new_stream)
+  if not TN then return end
+  if new_stream then
+    redis.call('HSET', TN.owned, stream_sid(), fmt(bytes))
+    TN.streams, TN.created = TN.streams + 1, TN.created + 1
+  elseif bytes > 0 then
+    redis.call('HINCRBY', TN.owned, stream_sid(), bytes)
+  end
+  TN.stored, TN.written, TN.bytes_in = TN.stored + bytes, TN.written + bytes, TN.bytes_in + bytes
+  TN.dirty = true
+end
+
+-- The stream `sid` leaves the bound tenant (deleted, expired, made anew): what it stored
+-- and its place are given back. Nothing when the tenant holds no such stream.
+local function tenant_release(sid)
+  if not TN then return end
+  local bytes = redis.call('HGET', TN.owned, sid)
+  if not bytes then return end
+  redis.call('HDEL', TN.owned, sid)
+  TN.streams, TN.stored = math.max(0, TN.streams - 1), math.max(0, TN.stored - tonumber(bytes))
+  TN.deleted = TN.deleted + 1
+  TN.dirty = true
+end
+
+-- At the end of a call: the usage written back, the meter counted (once a call).
+local function tenant_save()
+  if not TN or not TN.dirty then return end
+  redis.call('HSET', TN.key, 'u.streams', fmt(TN.streams), 'u.stored_bytes', fmt(TN.stored),
+    'u.written_bytes', fmt(TN.written), 'u.period_start', fmt(TN.period_start))
+  redis.call('SADD', TN.index, TN.name)
+  local counts = {appends = TN.appends, bytes_in = TN.bytes_in, streams_created = TN.created,
+    streams_deleted = TN.deleted}
+  for counter, n in pairs(counts) do
+    if n > 0 then redis.call('HINCRBY', TN.meter, TN.name .. ' ' .. counter, n) end
+  end
+  TN.dirty = false
+end

@@ -1,0 +1,23 @@
+-- tenant_sweep.lua: gives back what a tenant's streams that ended without a script of
+-- theirs held: a stream Redis expired (its keys' deadline) or a soft-deleted one's
+-- (workers/tenant_sweep.py walks the tenant's streams with HSCAN, a page a call).
+-- KEYS: the tenant's five keys (_tenants.lua), then the meta of each stream checked.
+-- ARGV: 1 tenant: its name, 2.. streams: the id of each stream checked (in KEYS order,
+--   from KEYS[6]).
+-- A stream is given back when its meta is gone, names another tenant, is soft-deleted
+-- or past its deadline.
+-- Returns {released (how many were given back)}.
+local now = now_ms()
+tenant_bind(1, ARGV[1], now)
+local released = 0
+for k = 2, #ARGV do
+  local meta = KEYS[k + 4]
+  local f = redis.call('HMGET', meta, 'tn', 'deleted', 'exp')
+  local gone = not f[1] or f[1] ~= ARGV[1] or f[2] or (f[3] and now >= tonumber(f[3]))
+  if gone and redis.call('HEXISTS', TN.owned, ARGV[k]) == 1 then
+    tenant_release(ARGV[k])
+    released = released + 1
+  end
+end
+tenant_save()
+return {released}
