@@ -3,7 +3,8 @@
 -- for a tenant (its name an ARGV, '' none: nothing here acts) passes its five keys just
 -- before the outbox (keys.tenant_keys), bound by tenant_bind:
 --   its hash: quota overrides 'q.<quota>' and usage 'u.streams', 'u.stored_bytes',
---     'u.written_bytes' (in the period that starts at 'u.period_start', Unix seconds);
+--     'u.written_bytes' (in the period that starts at 'u.period_start', Unix seconds),
+--     'u.stored_at' (ms: the stored bytes are metered as byte-seconds up to then);
 --   the defaults' hash ('q.<quota>'); the tenants' index (a set of names);
 --   its streams (a hash: stream id -> the bytes stored for the tenant in it);
 --   the meter of the gateway's hour (a hash: '<tenant> <counter>' -> count, what
@@ -19,7 +20,8 @@ local function tenant_bind(k, name, now)
   local t = {key = KEYS[k], defaults = KEYS[k + 1], index = KEYS[k + 2], owned = KEYS[k + 3],
     meter = KEYS[k + 4], name = name, appends = 0, bytes_in = 0, created = 0, deleted = 0}
   local own = redis.call('HMGET', t.key, 'q.streams', 'q.stored_bytes', 'q.written_bytes',
-    'q.written_period_seconds', 'u.streams', 'u.stored_bytes', 'u.written_bytes', 'u.period_start')
+    'q.written_period_seconds', 'u.streams', 'u.stored_bytes', 'u.written_bytes', 'u.period_start',
+    'u.stored_at')
   local def = redis.call('HMGET', t.defaults, 'q.streams', 'q.stored_bytes', 'q.written_bytes',
     'q.written_period_seconds')
   local function quota(i) local v = own[i] or def[i]; return v and tonumber(v) or nil end
@@ -29,6 +31,7 @@ local function tenant_bind(k, name, now)
   t.streams, t.stored = tonumber(own[5] or '0'), tonumber(own[6] or '0')
   t.written = 0  -- a new period starts from nothing written
   if tonumber(own[8] or '-1') == t.period_start then t.written = tonumber(own[7] or '0') end
+  t.now, t.stored_before, t.stored_at = now, t.stored, tonumber(own[9] or now)
   TN = t
 end
 
@@ -88,14 +91,18 @@ local function tenant_release(sid)
   TN.dirty = true
 end
 
--- At the end of a call: the usage written back, the meter counted (once a call).
+-- At the end of a call: the usage written back, the meter counted (once a call). The bytes
+-- stored until now are metered as byte-seconds (whole seconds; the rest carried over) in
+-- the hour of the call: every change, and the sweep (tenant_sweep.lua), accrues them.
 local function tenant_save()
   if not TN or not TN.dirty then return end
+  local seconds = math.max(0, math.floor((TN.now - TN.stored_at) / 1000))
+  local stored_at = math.min(TN.now, TN.stored_at + seconds * 1000)
   redis.call('HSET', TN.key, 'u.streams', fmt(TN.streams), 'u.stored_bytes', fmt(TN.stored),
-    'u.written_bytes', fmt(TN.written), 'u.period_start', fmt(TN.period_start))
+    'u.written_bytes', fmt(TN.written), 'u.period_start', fmt(TN.period_start), 'u.stored_at', fmt(stored_at))
   redis.call('SADD', TN.index, TN.name)
   local counts = {appends = TN.appends, bytes_in = TN.bytes_in, streams_created = TN.created,
-    streams_deleted = TN.deleted}
+    streams_deleted = TN.deleted, stored_byte_seconds = TN.stored_before * seconds}
   for counter, n in pairs(counts) do
     if n > 0 then redis.call('HINCRBY', TN.meter, TN.name .. ' ' .. counter, n) end
   end

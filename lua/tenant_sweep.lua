@@ -5,11 +5,12 @@
 -- ARGV: 1 tenant: its name, 2.. streams: the id of each stream checked (in KEYS order,
 --   from KEYS[6]).
 -- A stream is given back when its meta is gone, names another tenant, is soft-deleted
--- or past its deadline.
+-- or past its deadline. The tenant's stored bytes are metered up to now (tenant_save).
 -- Returns {released (how many were given back)}.
 local now = now_ms()
 tenant_bind(1, ARGV[1], now)
 local released = 0
+TN.dirty = true
 for k = 2, #ARGV do
   local meta = KEYS[k + 4]
   local f = redis.call('HMGET', meta, 'tn', 'deleted', 'exp')

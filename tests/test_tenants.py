@@ -492,3 +492,76 @@ async def test_a_killed_gateways_connections_leave_the_count(redis_url, http, tm
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+# -- rates and what gateways serve ----------------------------------------------------------
+
+
+async def _metered(redis_url: str, tenant: str) -> dict[str, int]:
+    """Every hour's meter of ``tenant``, summed by counter."""
+    counted: dict[str, int] = {}
+    async with aiohttp_redis(redis_url) as client:
+        async for key in client.scan_iter(match=f"{keys.METER_PREFIX}*"):
+            for field, value in (await client.hgetall(key)).items():
+                who, _, counter = field.decode().partition(" ")
+                if who == tenant:
+                    counted[counter] = counted.get(counter, 0) + int(value)
+    return counted
+
+
+async def test_rate_quotas_are_a_tenants_own(tenanted, http) -> None:
+    base, (a, b, _) = tenanted
+    await _quotas(http, base, a, {"writes_per_second": 2, "reads_per_second": 0})
+    async with http.put(f"{base}/{b}/r", headers=TEXT) as r:  # b has no rate quota
+        assert r.status == 201
+
+    async def post(tenant: str) -> int:
+        async with http.post(f"{base}/{tenant}/r", data=b"x", headers=TEXT) as r:
+            return r.status if r.status != 429 else int(r.headers["Retry-After"]) * 1000 + 429
+
+    async with http.put(f"{base}/{a}/r", headers=TEXT) as r:
+        assert r.status == 201  # (the first token of a's bucket)
+    statuses = await asyncio.gather(*(post(a) for _ in range(6)))
+    assert statuses.count(204) <= 2 and 1429 in statuses  # 429, Retry-After: 1
+    assert await asyncio.gather(*(post(b) for _ in range(6))) == [204] * 6
+    async with http.get(f"{base}/{a}/r", params={"offset": "-1"}) as r:
+        assert r.status == 403 and "reads_per_second" in r.headers["Stream-Quota"]
+
+
+async def test_what_gateways_serve_is_metered(tenanted, http, redis_url) -> None:
+    base, (a, *_) = tenanted
+    async with http.put(f"{base}/{a}/m", data=b"0123456789", headers=TEXT) as r:
+        assert r.status == 201
+    for _ in range(3):
+        async with http.post(f"{base}/{a}/m", data=b"abcde", headers=TEXT) as r:
+            assert r.status == 204
+    served = 0
+    for _ in range(4):
+        async with http.get(f"{base}/{a}/m", params={"offset": "-1"}) as r:
+            served += len(await r.read())
+    async with http.get(f"{base}/{a}/m", params={"offset": "now", "live": "long-poll"}) as r:
+        assert r.status == 204  # (timed out: nothing new)
+    async with http.head(f"{base}/{a}/m") as r:
+        assert r.status == 200
+    await asyncio.sleep(1.5)  # a flush of the gateway's counts
+    counted = await _metered(redis_url, a)
+    assert counted["bytes_out"] == served == 4 * 25
+    assert (counted["requests_create"], counted["requests_append"], counted["requests_read"]) == (1, 3, 4)
+    assert (counted["requests_long_poll"], counted["requests_head"]) == (1, 1)
+    assert (counted["appends"], counted["bytes_in"], counted["streams_created"]) == (3, 25, 1)
+
+
+async def test_stored_bytes_are_metered_by_the_second(tenanted, http, redis, redis_url) -> None:
+    base, (a, *_) = tenanted
+    async with http.put(f"{base}/{a}/kept", data=b"x" * 1000, headers=TEXT) as r:
+        assert r.status == 201
+    started = time.monotonic()
+    await asyncio.sleep(2.2)
+    await Tenants(Scripts(redis)).sweep(a)
+    first = (await _metered(redis_url, a))["stored_byte_seconds"]
+    assert 2000 <= first <= 1000 * int(time.monotonic() - started + 1)
+    async with http.post(f"{base}/{a}/kept", data=b"y" * 1000, headers=TEXT) as r:
+        assert r.status == 204  # each change accrues what was stored until then, too
+    await asyncio.sleep(1.1)
+    await Tenants(Scripts(redis)).sweep(a)
+    assert (await _metered(redis_url, a))["stored_byte_seconds"] >= first + 2000

@@ -96,7 +96,8 @@ class Tenants:
 
     async def sweep(self, name: str) -> int:
         """Give back what the tenant's ended streams held (expired by Redis, soft-deleted):
-        its streams walked a page at a time. Returns how many were given back."""
+        its streams walked a page at a time; its stored bytes metered (byte-seconds) up to
+        now. Returns how many were given back."""
         released, cursor = 0, 0
         while True:
             cursor, page = await self.redis.hscan(keys.tenant_streams(name), cursor, count=SWEEP_PAGE)
@@ -125,3 +126,36 @@ class Tenants:
             except Exception as exc:  # Redis away: the next round tries again
                 raise_if_cancelled()  # stopping, the CancelledError lost in a library
                 limited.log(logging.WARNING, "tenant-sweep", "tenant sweep: %s", exc)
+
+
+RATES_SECONDS = 5.0  # a tenant's rate quotas are read again this often: a change applies within it
+
+
+class TenantRates:
+    """Each tenant's rate quotas (``writes_per_second``, ``reads_per_second``), read from
+    Redis and kept for RATES_SECONDS: the buckets themselves are exact (rate_limit.lua), only
+    a changed rate takes up to that long to apply. Kept for the tenants seen recently."""
+
+    def __init__(self, scripts: Scripts) -> None:
+        self.redis = scripts.redis
+        self.kept: dict[str, tuple[float, dict[str, int | None]]] = {}
+
+    async def rates(self, tenant: str) -> dict[str, int | None]:
+        """The tenant's rate quotas by scope ('write', 'read'), None where unlimited."""
+        now = time.monotonic()
+        found = self.kept.get(tenant)
+        if found is not None and now - found[0] < RATES_SECONDS:
+            return found[1]
+        fields = [f"q.{q}" for q in tenants.RATE_QUOTAS.values()]
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hmget(keys.tenant(tenant), fields)
+        pipe.hmget(keys.TENANT_DEFAULTS, fields)
+        own, defaults = await pipe.execute()
+        rates = {
+            scope: (int(mine) if mine is not None else int(default) if default is not None else None)
+            for scope, mine, default in zip(tenants.RATE_QUOTAS, own, defaults, strict=True)
+        }
+        if len(self.kept) >= 10_000:
+            self.kept.clear()
+        self.kept[tenant] = (now, rates)
+        return rates

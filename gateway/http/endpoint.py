@@ -9,10 +9,11 @@ from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 
 from aiohttp import web
 
+from ..features.usage import request_kind
 from . import pipeline
 from .accesslog import AccessLog
 from .context import GATEWAY
-from .guard import Guard, principal_of
+from .guard import TENANT, Guard, principal_of
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # A Guard check a route's requests pass: raises a refusal, or returns what to await for the
@@ -89,6 +90,11 @@ def endpoint(
                 # (An event stream's stays open: closed unannounced it could meet a proxy's next request.)
                 response.force_close()
             name = route if isinstance(route, str) else route(request)
+            tenant = request.get(TENANT)
+            if tenant:  # (tenants on: a stream request's, metered)
+                live = request.query.get("live") if request.method == "GET" else None
+                sent = _size(response) if response is not None else 0
+                gw.store.usage.request(tenant, request_kind(request.method, live), sent)
             remote, target = access.of(request) if access is not None else ("", "")
             seconds = time.perf_counter() - started
             pipeline.finish(

@@ -129,6 +129,7 @@ class Connection(Protocol):
         started, status, content = time.perf_counter(), 500, b""
         h, hops = message.headers, gw.settings.trusted_proxy_hops
         principal: Principal = OPEN
+        tenant = ""
 
         def address() -> str:  # the client's, as rate limits count it (asked when it counts)
             return peer_address(h.getall("X-Forwarded-For", []), self._remote(), hops)
@@ -164,6 +165,8 @@ class Connection(Protocol):
                 pipeline.finish(
                     gw, self, "stream", "POST", status, seconds, True, access, remote, target, len(content)
                 )
+                if tenant:
+                    gw.store.usage.request(tenant, "append", 0)
             finally:
                 self.done()  # whatever happened: the messages behind it go on
 

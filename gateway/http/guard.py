@@ -19,6 +19,7 @@ from aiohttp import web
 from ..config import Settings
 from ..features.backpressure import WritePause
 from ..features.ratelimit import RateLimiter
+from ..features.tenants import TenantRates
 from ..protocol import access, browser, quotas, tenants
 from ..protocol.access import OPEN, Principal, Scope
 from ..protocol.errors import ProtocolError
@@ -27,6 +28,7 @@ from ..protocol.responses import EXPOSED
 from .auth import Authenticator, client_address
 
 PRINCIPAL = web.RequestKey("principal", Principal)
+TENANT = web.RequestKey("tenant", str)  # a stream request's, with tenants on (metered by endpoint.py)
 _WRITES = frozenset({"PUT", "POST", "DELETE"})
 
 
@@ -94,6 +96,7 @@ class Guard:
         self.tenants_on = settings.tenants
         self.tenant_rules = tenants.parse_path_rules(settings.tenant_paths)
         self.limiter: RateLimiter | None = None
+        self.tenant_rates: TenantRates | None = None
         self.pause: WritePause | None = None
         self.cors = browser.cors_policy(
             settings.cors_origins, settings.cors_methods, settings.cors_credentials, settings.auth_enabled
@@ -111,12 +114,15 @@ class Guard:
         self.plain = {**browser.BASE, **browser.response_headers(self.cors, None, EXPOSED)}
         self.origin_blind = self.cors.any_origin and not self.cors.credentials
 
-    def attach(self, limiter: RateLimiter, pause: WritePause | None = None) -> None:
-        """The Redis-backed buckets, once connected (used only when rules are set), and
-        the write backpressure monitor."""
-        if self.rules:
+    def attach(
+        self, limiter: RateLimiter, pause: WritePause | None = None, rates: TenantRates | None = None
+    ) -> None:
+        """The Redis-backed buckets, once connected (used only when rules are set, or tenants
+        with their rate quotas), the write backpressure monitor, and the tenants' rates."""
+        if self.rules or (self.tenants_on and rates is not None):
             self.limiter = limiter
         self.pause = pause
+        self.tenant_rates = rates if self.tenants_on else None
 
     # -- admission ---------------------------------------------------------------
 
@@ -136,7 +142,7 @@ class Guard:
             return None
         self._check_host_and_origin(request)
         if self.tenants_on:  # every stream request is some tenant's: 403 here when none
-            self.tenant(OPEN, request.match_info["path"])
+            request[TENANT] = self.tenant(OPEN, request.match_info["path"])
         if self.pause is not None and self.pause.active and stores_data(request):
             self.pause.check(request.match_info["path"])
         return None
@@ -157,6 +163,8 @@ class Guard:
         )
         if self.auth is not None or self.limiter is not None:
             request[PRINCIPAL] = principal
+        if stream and self.tenants_on:
+            request[TENANT] = self.tenant(principal, path)
 
     def admit_append(
         self, host: str, authorization: str | None, path: str, address: Callable[[], str]
@@ -296,6 +304,8 @@ class Guard:
         buckets), '' as the principal's."""
         if self.limiter is None:
             return
+        if tenant and self.tenant_rates is not None:
+            await self._limit_tenant(tenant, scope)
         rule = quotas.match(self.rules, scope, path, principal.anonymous)
         if rule is None:
             return
@@ -303,6 +313,21 @@ class Guard:
             who = f"tenant:{tenant}"
         else:
             who = f"ip:{address()}" if principal is OPEN else access.holder(principal)
+        await self._take(who, rule)
+
+    async def _limit_tenant(self, tenant: str, scope: Scope) -> None:
+        """The tenant's own rate quota for ``scope`` (features/tenants.TenantRates)."""
+        assert self.tenant_rates is not None and self.limiter is not None
+        per_second = (await self.tenant_rates.rates(tenant)).get(scope)
+        if per_second is None:
+            return
+        if per_second == 0:
+            raise tenants.refused(tenants.RATE_QUOTAS[scope], 0, 0, 1)
+        await self._take(f"tenant:{tenant}", tenants.rate_rule(scope, per_second))
+
+    async def _take(self, who: str, rule: quotas.RateRule) -> None:
+        """A token from ``who``'s bucket under ``rule``; 429 + Retry-After when there is none."""
+        assert self.limiter is not None
         wait = await self.limiter.take(who, rule)
         if wait > 0:
             raise ProtocolError(429, "rate limit exceeded", {"Retry-After": str(max(1, math.ceil(wait)))})

@@ -20,6 +20,7 @@ from ..config import Settings
 from ..features.backpressure import WritePause
 from ..features.hints import HintKeys
 from ..features.ratelimit import RateLimiter
+from ..features.tenants import TenantRates
 from ..live.fanout import Fanout
 from ..protocol.ssrf import parse_allow_list
 from ..redis_io import connections as redis_client
@@ -97,7 +98,7 @@ def install(
             archive_lag=settings.write_pause_archive_lag,
             retry_after=settings.write_pause_retry_after,
         )
-        guard.attach(RateLimiter(scripts), pause)
+        guard.attach(RateLimiter(scripts), pause, TenantRates(scripts))
         app[GATEWAY] = Gateway(
             settings=settings,
             store=store,

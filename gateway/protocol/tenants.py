@@ -22,6 +22,7 @@ from typing import Any
 
 from .access import normalize_prefix
 from .errors import ProtocolError
+from .quotas import RateRule
 
 NAME = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")  # safe in key names, URLs and logs
 NAME_RULE = "1 to 64 of A-Z a-z 0-9 . _ - (not starting with . _ -)"
@@ -35,7 +36,11 @@ QUOTAS: Mapping[str, str] = {
     "written_bytes": "bytes written (appended or created with) per written_period_seconds",
     "written_period_seconds": "the period written_bytes counts over (default: a day), aligned to Unix time",
     "live_connections": "live reads (SSE, long-poll) held at once on every gateway together",
+    "writes_per_second": "stream requests needing write access (appends, creates) a second, all gateways",
+    "reads_per_second": "stream reads (catch-up, live) a second, every gateway together",
 }
+# The rate quotas: a token bucket per tenant (features/ratelimit.py), its burst a second's worth.
+RATE_QUOTAS = {"write": "writes_per_second", "read": "reads_per_second"}
 DEFAULT_PERIOD_SECONDS = 86400
 # What the scripts keep in a tenant's hash (keys.tenant): overrides "q.<quota>", usage "u.<...>".
 USAGE = ("streams", "stored_bytes", "written_bytes", "period_start")
@@ -125,6 +130,11 @@ def parse_quotas(doc: Any) -> dict[str, int | None]:
             raise ValueError("quota 'written_period_seconds': a period must be at least 1 second")
         update[name] = value
     return update
+
+
+def rate_rule(scope: str, per_second: int) -> RateRule:
+    """A tenant's rate quota as the rate limiter's rule (its bucket: ``tenant:<name>``)."""
+    return RateRule(scope, "", float(per_second), float(max(per_second, 1)), False, f"tenant-{scope}")
 
 
 def quotas_of(fields: Mapping[str, str]) -> dict[str, int]:

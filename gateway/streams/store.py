@@ -33,6 +33,7 @@ from ..features.stats import Reader
 from ..features.subscriptions import Subscriptions
 from ..features.tenant_live import LiveLeases
 from ..features.tenants import Tenants
+from ..features.usage import UsageMeter
 from ..protocol import compaction
 from ..protocol.conditions import precondition_failed
 from ..protocol.entries import flatten, pack_messages
@@ -100,12 +101,14 @@ class Store:
         self.stats = Reader(scripts)
         self.tenants = Tenants(scripts)
         self.tenant_live = LiveLeases(scripts)
+        self.usage = UsageMeter(scripts)
         self._tenants_on = tenants  # --tenants: their sweep runs here
         self._index_sweep = IndexSweep(self.listing)
         self._hints_task: asyncio.Task[None] | None = None
         self._sweep_task: asyncio.Task[None] | None = None
         self._tenant_task: asyncio.Task[None] | None = None
         self._live_task: asyncio.Task[None] | None = None
+        self._usage_task: asyncio.Task[None] | None = None
         if scripts.cluster:  # the outbox's table of slot tags, now (~0.5 s) rather than at an append
             keys.subs_outbox("", cluster=True)
 
@@ -127,16 +130,17 @@ class Store:
         if self._tenants_on:
             self._tenant_task = asyncio.create_task(self.tenants.run(), name="tenant sweep")
             self._live_task = asyncio.create_task(self.tenant_live.run(), name="tenant live leases")
+            self._usage_task = asyncio.create_task(self.usage.run(), name="tenant usage")
 
     async def close(self, step_seconds: float = 5.0) -> None:
         """Stop the background work (the hints still marked are sent; the sweep just stops)
         and close the clients; each of the two steps bounded, so that a Redis that does not
         answer cannot hold the process."""
         self._hints.stop()
-        for sweep in (self._sweep_task, self._tenant_task, self._live_task):
+        for sweep in (self._sweep_task, self._tenant_task, self._live_task, self._usage_task):
             if sweep is not None:
                 sweep.cancel()
-        tasks = (self._hints_task, self._sweep_task, self._tenant_task, self._live_task)
+        tasks = (self._hints_task, self._sweep_task, self._tenant_task, self._live_task, self._usage_task)
         running = [t for t in tasks if t is not None]
         if running:
             _, late = await asyncio.wait(running, timeout=step_seconds)

@@ -1,0 +1,73 @@
+"""What gateways serve each tenant (docs/tenants.md, "Usage"): requests by kind and bytes
+out, counted in the process and added to the hour's meter hash (``keys.meter``, the hash
+the write scripts count appends and bytes in to) every FLUSH_SECONDS, one pipeline of
+HINCRBY, and at shutdown. A process killed outright loses at most its last
+FLUSH_SECONDS of these counts; what writes store is counted by their scripts, exactly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+
+from ..concurrency.cancelling import raise_if_cancelled
+from ..redis_io import keys
+from ..redis_io.scripts import Scripts
+from ..telemetry.logs import RateLimited
+
+log = logging.getLogger(__name__)
+limited = RateLimited(log)
+FLUSH_SECONDS = 1.0
+# A request's kind, by method and live mode: the meter's 'requests_<kind>' counters.
+KINDS = {"PUT": "create", "POST": "append", "DELETE": "delete", "HEAD": "head", "GET": "read"}
+
+
+def request_kind(method: str, live: str | None) -> str:
+    """The kind a stream request is counted as (``live``: its ``live`` query parameter)."""
+    if method == "GET" and live in ("sse", "long-poll"):
+        return live.replace("-", "_")
+    return KINDS.get(method, "other")
+
+
+class UsageMeter:
+    def __init__(self, scripts: Scripts) -> None:
+        self.redis = scripts.redis
+        self.counts: Counter[str] = Counter()  # '<tenant> <counter>' -> count since the last flush
+
+    def request(self, tenant: str, kind: str, bytes_out: int) -> None:
+        """One request of ``tenant`` answered, with ``bytes_out`` body bytes sent."""
+        self.counts[f"{tenant} requests_{kind}"] += 1
+        if bytes_out:
+            self.counts[f"{tenant} bytes_out"] += bytes_out
+
+    async def flush(self) -> None:
+        """The counts so far, added to this hour's meter; kept for the next try if Redis fails."""
+        if not self.counts:
+            return
+        counts, self.counts = self.counts, Counter()
+        key = keys.meter(keys.meter_hour(time.time()))
+        pipe = self.redis.pipeline(transaction=True)  # all of them or none
+        for field, n in counts.items():
+            pipe.hincrby(key, field, n)
+        try:
+            await pipe.execute()
+        except BaseException:
+            self.counts.update(counts)  # (counted twice if the EXEC ran and only its reply was lost)
+            raise
+
+    async def run(self) -> None:
+        try:
+            while True:
+                await asyncio.sleep(FLUSH_SECONDS)
+                try:
+                    await self.flush()
+                except Exception as exc:  # Redis away: the next round tries again
+                    raise_if_cancelled()
+                    limited.log(logging.WARNING, "usage", "tenant usage not counted yet: %s", exc)
+        finally:  # stopping: what is counted goes out, if Redis answers in time
+            try:
+                await asyncio.wait_for(self.flush(), 2.0)
+            except Exception as exc:
+                limited.log(logging.WARNING, "usage", "tenant usage lost at shutdown: %s", exc)
