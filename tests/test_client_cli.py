@@ -456,3 +456,25 @@ async def test_tail_ends_when_cancelled_even_if_a_library_swallowed_the_cancella
             await asyncio.wait({task}, timeout=5)
         assert done, "tail went on after its task was cancelled"
         assert task.cancelled()
+
+
+async def test_tenants(cli: Cli, redis_url: str) -> None:
+    """``durable-streams tenants``: quotas changed and shown through the tenants API."""
+    tenant = f"cli{uuid.uuid4().hex[:8]}"
+    async with serving(redis_url, tenants=True, tenant_paths=f"{tenant}/={tenant}") as base:
+        code, out, err = await cli("tenants", tenant, "--url", base, "--set", "streams=3", "--json")
+        assert code == 0, err
+        assert json.loads(out)["quotas"]["streams"] == 3
+        code, out, _ = await cli("create", f"{tenant}/s", "--url", base, "--content-type", "text/plain", "abc")
+        assert code == 0
+        code, out, _ = await cli("tenants", "--url", base)
+        line = next(x for x in out.decode().splitlines() if x.startswith(tenant))
+        assert "streams 1/3" in line and "stored 3/-" in line
+        code, out, _ = await cli("tenants", tenant, "--url", base, "--set", "streams=none")
+        assert code == 0 and "streams 1/-" in out.decode()
+        code, _, err = await cli("tenants", tenant, "--url", base, "--set", "streams=lots")
+        assert code == 2 and "not a whole number" in err
+        code, _, err = await cli("tenants", tenant, "--url", base, "--set", "nope=1")
+        assert code != 0 and "unknown quota 'nope'" in err
+        code, out, _ = await cli("tenants", "_defaults", "--url", base)
+        assert code == 0 and json.loads(out)["tenant"] == "_defaults"

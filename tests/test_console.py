@@ -148,6 +148,7 @@ async def test_files_redirects_and_headers(redis_url: str, http: aiohttp.ClientS
                 "detail": "../streams/",
                 "stats": "../stats",
                 "sign": "../../../../auth/sign",
+                "tenants": None,  # (tenants off)
             }
         async with http.get(f"{base}{CONSOLE}missing.js") as r:
             assert r.status == 404

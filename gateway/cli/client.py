@@ -20,6 +20,7 @@ from typing import Any
 
 from .client_http import EXIT_CODES, INTERRUPTED, OK, TOKEN_ENV, Failure
 from .client_read import cat, info, ls, tail
+from .client_tenants import tenants
 from .client_write import DEFAULT_CONTENT_TYPE, append, close, create, fork, rm
 
 DEFAULT_URL = "http://127.0.0.1:4437/v1/stream"
@@ -160,6 +161,20 @@ def _register(commands: argparse._SubParsersAction[Any]) -> None:
 
     _add(commands, "close", close, "close a stream: no appends after this")
     _add(commands, "rm", rm, "delete a stream")
+
+    parser = _add(
+        commands, "tenants", tenants, "list tenants, or show one's quotas and usage", positional="tenant"
+    )
+    parser.add_argument("tenant", nargs="?", metavar="TENANT", help="a tenant, or _defaults [default: all]")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="QUOTA=N", help="change a quota (N or none); repeatable"
+    )
+    parser.add_argument("--limit", type=int, default=100, help="list at most this many [default: 100]")
+    parser.description = (
+        "The tenants (server started with --tenants; GET <url>/__ds/tenants, needs admin access): "
+        "usage/quota of each, those storing the most first; TENANT: one's (its own token may read it); "
+        "--set streams=100 --set stored_bytes=none changes its quotas (admin; _defaults: everyone's)."
+    )
 
     parser = _add(commands, "fork", fork, "create stream NEW holding SRC's data up to an offset")
     parser.add_argument("--from", dest="source", required=True, metavar="SRC", help="the source stream")

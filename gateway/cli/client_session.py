@@ -43,7 +43,7 @@ def _server_address(url: str) -> bool:
 def _puts_paths_under_url(args: argparse.Namespace) -> bool:
     """Whether the command makes a URL under --url (ls always, the others unless every
     STREAM is a full URL)."""
-    if args.command == "ls":
+    if args.command in ("ls", "tenants"):
         return True
     named = (getattr(args, name, None) for name in ("stream", "source"))
     return any(value is not None and not value.startswith(("http://", "https://")) for value in named)

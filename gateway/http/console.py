@@ -90,6 +90,7 @@ def _config(settings: Settings) -> bytes:
             "detail": "../streams/",  # + a stream's path: its listing entry and producers
             "stats": "../stats",  # the live statistics (http/stats.py); + /streams/{path}, /subscriptions
             "sign": "../../" + "../" * depth + "auth/sign",
+            "tenants": "../tenants" if settings.tenants else None,  # the tenants API (http/tenants.py)
         }
     )
 

@@ -51,6 +51,7 @@ export class Api {
     this.detail = new URL(config.detail, page);
     this.signer = new URL(config.sign, page);
     this.statistics = new URL(config.stats, page);
+    this.tenants = config.tenants ? new URL(config.tenants, page) : null;
   }
 
   get token() {
@@ -102,6 +103,14 @@ export class Api {
 
   async streamStats(path) {
     return (await this.request(new URL(`${this.statistics.pathname}/streams/${encodePath(path)}`, this.statistics))).json();
+  }
+
+  // The tenants storing the most (the tenants API; null when the server has no tenants).
+  async topTenants(limit) {
+    if (!this.tenants) return null;
+    const url = new URL(this.tenants);
+    url.searchParams.set("limit", String(limit));
+    return (await this.request(url)).json();
   }
 
   async subscriptionStats() {

@@ -138,6 +138,33 @@ function subscriptionTable(found) {
   );
 }
 
+const TOP_TENANTS = 10;
+
+function tenantTable(found) {
+  const ofQuota = (usage, quotas, name, format) => {
+    const limit = quotas[name];
+    return `${format(usage[name] ?? 0)} / ${limit == null ? "—" : format(limit)}`;
+  };
+  const head = element("tr", {}, ...["Tenant", "Streams", "Stored", "Written this period", "Live connections"]
+    .map((name) => element("th", { scope: "col", textContent: name })));
+  const rows = found.tenants.map(({ tenant, usage, quotas }) => element(
+    "tr",
+    {},
+    element("th", { scope: "row", textContent: tenant }),
+    element("td", { textContent: ofQuota(usage, quotas, "streams", String) }),
+    element("td", { textContent: ofQuota(usage, quotas, "stored_bytes", formatBytes) }),
+    element("td", { textContent: ofQuota(usage, quotas, "written_bytes", formatBytes) }),
+    element("td", { textContent: ofQuota(usage, quotas, "live_connections", String) }),
+  ));
+  return element(
+    "table",
+    { className: "data" },
+    element("caption", { className: "visually-hidden", textContent: "Top tenants: usage and quotas" }),
+    element("thead", {}, head),
+    element("tbody", {}, ...rows),
+  );
+}
+
 export class Overview {
   constructor(api, $) {
     this.api = api;
@@ -163,7 +190,20 @@ export class Overview {
   async load() {
     const $ = this.$;
     const minutes = Number($("window").value);
-    const [stats, subs] = await Promise.allSettled([this.api.stats(minutes), this.api.subscriptionStats()]);
+    const [stats, subs, tenants] = await Promise.allSettled([
+      this.api.stats(minutes), this.api.subscriptionStats(), this.api.topTenants(TOP_TENANTS),
+    ]);
+    $("tenants-panel").hidden = !this.api.config.tenants;
+    if (tenants.status === "fulfilled" && tenants.value) {
+      const found = tenants.value;
+      $("tenants").replaceChildren(...(found.tenants.length ? [tenantTable(found)] : []));
+      $("tenants-state").textContent = found.tenants.length ? "" : "No tenant has stored anything yet.";
+    } else if (tenants.status === "rejected") {
+      $("tenants").replaceChildren();
+      $("tenants-state").textContent = tenants.reason.status === 403
+        ? "This token may not see the tenants: it needs admin access to every stream."
+        : refusal(tenants.reason, "the tenants");
+    }
     if (stats.status === "fulfilled") {
       const found = stats.value;
       this.show(found, minutes);
