@@ -601,6 +601,12 @@ class Settings:
         "(not on Redis Cluster yet); usage is metered per tenant (archive workers move it to Parquet)",
         commands=(*SERVE, *ARCHIVE),
     )
+    tenant_metrics_top: int = setting(
+        50,
+        "with --tenants: tenants labelled in /metrics per process (the first served); the rest are "
+        'tenant="other" (the tenants API ranks every tenant)',
+        parse=_whole(0, 10_000),
+    )
     tenant_claim: str = setting(
         "tenant", "with --tenants: the JWT claim naming a credential's tenant (token files: 'tenant')"
     )

@@ -18,7 +18,8 @@ local TN = nil  -- the bound tenant (a table), nil for a call made for none
 local function tenant_bind(k, name, now)
   if not name or name == '' then return end
   local t = {key = KEYS[k], defaults = KEYS[k + 1], index = KEYS[k + 2], owned = KEYS[k + 3],
-    meter = KEYS[k + 4], name = name, appends = 0, bytes_in = 0, created = 0, deleted = 0}
+    meter = KEYS[k + 4], name = name, appends = 0, bytes_in = 0, created = 0, deleted = 0,
+    grown = {}}  -- stream id -> bytes stored in it by this call, added to 'owned' at the end
   local own = redis.call('HMGET', t.key, 'q.streams', 'q.stored_bytes', 'q.written_bytes',
     'q.written_period_seconds', 'u.streams', 'u.stored_bytes', 'u.written_bytes', 'u.period_start',
     'u.stored_at')
@@ -61,7 +62,7 @@ local function tenant_claim(m)
   m.tn = TN.name
   redis.call('HSET', META, 'tn', TN.name)
   redis.call('HSETNX', TN.owned, stream_sid(), '0')
-  TN.streams = TN.streams + 1
+  TN.streams, TN.created = TN.streams + 1, TN.created + 1
   TN.dirty = true
   return nil
 end
@@ -72,8 +73,9 @@ local function tenant_charge(bytes, new_stream)
   if new_stream then
     redis.call('HSET', TN.owned, stream_sid(), fmt(bytes))
     TN.streams, TN.created = TN.streams + 1, TN.created + 1
-  elseif bytes > 0 then
-    redis.call('HINCRBY', TN.owned, stream_sid(), bytes)
+  elseif bytes > 0 then  -- (once a call per stream: a batch holds many appends to one)
+    local sid = stream_sid()
+    TN.grown[sid] = (TN.grown[sid] or 0) + bytes
   end
   TN.stored, TN.written, TN.bytes_in = TN.stored + bytes, TN.written + bytes, TN.bytes_in + bytes
   TN.dirty = true
@@ -100,7 +102,9 @@ local function tenant_save()
   local stored_at = math.min(TN.now, TN.stored_at + seconds * 1000)
   redis.call('HSET', TN.key, 'u.streams', fmt(TN.streams), 'u.stored_bytes', fmt(TN.stored),
     'u.written_bytes', fmt(TN.written), 'u.period_start', fmt(TN.period_start), 'u.stored_at', fmt(stored_at))
-  redis.call('SADD', TN.index, TN.name)
+  for sid, bytes in pairs(TN.grown) do redis.call('HINCRBY', TN.owned, sid, bytes) end
+  TN.grown = {}
+  if TN.created > 0 then redis.call('SADD', TN.index, TN.name) end  -- (listed from its first stream)
   local counts = {appends = TN.appends, bytes_in = TN.bytes_in, streams_created = TN.created,
     streams_deleted = TN.deleted, stored_byte_seconds = TN.stored_before * seconds}
   for counter, n in pairs(counts) do

@@ -856,3 +856,23 @@ def _gateway_probe_ports(rendered: Rendered) -> set[object]:
 def _ingress_paths(rendered: Rendered) -> list[tuple[str, str]]:
     (rule,) = rendered.get("Ingress", "t-durable-streams")["spec"]["rules"]
     return [(p["path"], p["pathType"]) for p in rule["http"]["paths"]]
+
+
+def test_tenants_reach_gateways_and_workers_and_refuse_a_cluster() -> None:
+    on = render(
+        (), {**REDIS, "tenants.enabled": "true", "tenants.paths": "public/=demo", "tenants.metricsTop": "5"}
+    )
+    settings = _settings(on)
+    assert (settings["DURABLE_STREAMS_TENANTS"], settings["DURABLE_STREAMS_TENANT_PATHS"]) == (
+        "true",
+        "public/=demo",
+    )
+    assert (settings["DURABLE_STREAMS_TENANT_CLAIM"], settings["DURABLE_STREAMS_TENANT_METRICS_TOP"]) == (
+        "tenant",
+        "5",
+    )
+    assert "DURABLE_STREAMS_TENANT_PATHS" not in _settings(render((), REDIS))
+    with pytest.raises(RenderError, match="tenants.enabled needs one Redis primary"):
+        render((), {**REDIS, "tenants.enabled": "true", "externalRedis.cluster": "true"})
+    with pytest.raises(RenderError):
+        render((), {**REDIS, "tenants.paths": "public/=no:colons"})  # the schema's rule

@@ -565,3 +565,25 @@ async def test_stored_bytes_are_metered_by_the_second(tenanted, http, redis, red
     await asyncio.sleep(1.1)
     await Tenants(Scripts(redis)).sweep(a)
     assert (await _metered(redis_url, a))["stored_byte_seconds"] >= first + 2000
+
+
+def test_metrics_label_a_capped_number_of_tenants() -> None:
+    from types import SimpleNamespace
+
+    from gateway.features.usage import UsageMeter, request_kind
+    from gateway.telemetry import metrics
+
+    meter = UsageMeter(SimpleNamespace(redis=None), labelled=2)  # type: ignore[arg-type]
+    names = [_name() for _ in range(4)]
+    for name in names:
+        meter.request(name, "read", 10)
+    meter.request(names[0], "append", 0)
+    assert meter.labelled == set(names[:2])  # the first two served; the rest are "other"
+    assert metrics.TENANT_REQUESTS.labels(names[0], "append")._value.get() == 1
+    assert metrics.TENANT_BYTES_OUT.labels(names[1])._value.get() == 10
+    assert meter.counts[f"{names[3]} bytes_out"] == 10  # the meter counts every tenant by name
+    assert (request_kind("GET", "sse"), request_kind("GET", None), request_kind("PUT", None)) == (
+        "sse",
+        "read",
+        "create",
+    )

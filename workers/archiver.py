@@ -83,6 +83,7 @@ from .archive_scan import Finder, unavailable
 from .clock import now_ms
 from .compactor import CompactionPolicy, Compactor
 from .health import Heartbeat
+from .meter import Meter
 
 log = logging.getLogger("durable_streams.archive")
 limited = RateLimited(log)
@@ -454,8 +455,15 @@ async def run_worker(settings: Settings, redis_url: str, stop: asyncio.Event) ->
         if not await preflight.wait(stop, heartbeat.beat):
             return  # stopped while waiting
         log.info("archiving to %s as %s", settings.archive_location, archiver.name)
-        async with member.kept(stop):
-            await archiver.run(stop)
+        # --tenants: the usage meter's closed hours go to the archive too (workers/meter.py).
+        meter = asyncio.create_task(Meter(client, archiver.archive).run(stop)) if settings.tenants else None
+        try:
+            async with member.kept(stop):
+                await archiver.run(stop)
+        finally:
+            if meter is not None:
+                stop.set()  # (archiver.run set it too, unless it never started)
+                await asyncio.wait_for(meter, 30)
     finally:
         await scripts.aclose()
         await client.aclose()

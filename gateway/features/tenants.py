@@ -140,6 +140,14 @@ class TenantRates:
         self.redis = scripts.redis
         self.kept: dict[str, tuple[float, dict[str, int | None]]] = {}
 
+    def unlimited(self, tenant: str, scope: str) -> bool:
+        """Whether the tenant's rates are kept (fresh) and it has no quota for ``scope``:
+        then a request needs no rate check at all (no coroutine, no round trip)."""
+        found = self.kept.get(tenant)
+        return (
+            found is not None and time.monotonic() - found[0] < RATES_SECONDS and found[1].get(scope) is None
+        )
+
     async def rates(self, tenant: str) -> dict[str, int | None]:
         """The tenant's rate quotas by scope ('write', 'read'), None where unlimited."""
         now = time.monotonic()

@@ -11,10 +11,12 @@ import asyncio
 import logging
 import time
 from collections import Counter
+from typing import Any
 
 from ..concurrency.cancelling import raise_if_cancelled
 from ..redis_io import keys
 from ..redis_io.scripts import Scripts
+from ..telemetry import metrics
 from ..telemetry.logs import RateLimited
 
 log = logging.getLogger(__name__)
@@ -32,15 +34,39 @@ def request_kind(method: str, live: str | None) -> str:
 
 
 class UsageMeter:
-    def __init__(self, scripts: Scripts) -> None:
+    def __init__(self, scripts: Scripts, labelled: int = 50) -> None:
         self.redis = scripts.redis
         self.counts: Counter[str] = Counter()  # '<tenant> <counter>' -> count since the last flush
+        self.labelled: set[str] = set()  # tenants with a label of their own in /metrics
+        self.most_labelled = labelled
+        self._children: dict[tuple[str, str], tuple[Any, Any]] = {}  # (tenant, kind) -> its counters
 
     def request(self, tenant: str, kind: str, bytes_out: int) -> None:
         """One request of ``tenant`` answered, with ``bytes_out`` body bytes sent."""
         self.counts[f"{tenant} requests_{kind}"] += 1
+        children = self._children.get((tenant, kind))
+        if children is None:  # (labels() takes a lock and builds a tuple: once per tenant and kind)
+            if len(self._children) >= 4 * (self.most_labelled + 1) * len(KINDS):
+                self._children.clear()
+            label = self._label(tenant)
+            children = self._children[(tenant, kind)] = (
+                metrics.TENANT_REQUESTS.labels(label, kind),
+                metrics.TENANT_BYTES_OUT.labels(label),
+            )
+        children[0].inc()
         if bytes_out:
             self.counts[f"{tenant} bytes_out"] += bytes_out
+            children[1].inc(bytes_out)
+
+    def _label(self, tenant: str) -> str:
+        """The tenant's label in /metrics: its name while fewer than the cap have one, else
+        'other' (a label, once given, stays: the counters stay monotonic)."""
+        if tenant in self.labelled:
+            return tenant
+        if len(self.labelled) < self.most_labelled:
+            self.labelled.add(tenant)
+            return tenant
+        return "other"
 
     async def flush(self) -> None:
         """The counts so far, added to this hour's meter; kept for the next try if Redis fails."""

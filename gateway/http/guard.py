@@ -134,15 +134,18 @@ class Guard:
         With access control off and no rate limits nothing here waits: the checks run now
         (a refusal is raised) and None is returned, not a coroutine to await (~0.8 µs a
         request for two coroutines). Otherwise the awaitable of ``admit_path``."""
-        if self.auth is not None or self.limiter is not None:
+        if self.auth is not None or self.rules:
             return self.admit_path(
                 request, request.match_info["path"], access.required_scope(request.method), stream=True
             )
         if request.method == "OPTIONS":  # a preflight carries no credentials: answered for anyone
             return None
-        self._check_host_and_origin(request)
         if self.tenants_on:  # every stream request is some tenant's: 403 here when none
-            request[TENANT] = self.tenant(OPEN, request.match_info["path"])
+            path, scope = request.match_info["path"], access.required_scope(request.method)
+            tenant = request[TENANT] = self.tenant(OPEN, path)
+            if not self._rate_free(tenant, scope):  # its own rate quota (or not known yet)
+                return self.admit_path(request, path, scope, stream=True)
+        self._check_host_and_origin(request)
         if self.pause is not None and self.pause.active and stores_data(request):
             self.pause.check(request.match_info["path"])
         return None
@@ -175,9 +178,14 @@ class Guard:
         admitted at once (no access control, no rate limits: nothing to await, every append
         comes here); else what to await."""
         self.check_host(host)
-        if self.auth is None and self.limiter is None:
-            return None
+        if self.auth is None and not self.rules:
+            if not self.tenants_on or self._rate_free(self.tenant(OPEN, path), "write"):
+                return None
         return self._admit(authorization, {}, "write", path, address, paused=False, stream=True)
+
+    def _rate_free(self, tenant: str, scope: Scope) -> bool:
+        """Whether a request of ``tenant`` needs no rate check (features/tenants.TenantRates.unlimited)."""
+        return self.tenant_rates is None or self.tenant_rates.unlimited(tenant, scope)
 
     async def _admit(
         self,

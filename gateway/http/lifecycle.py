@@ -79,6 +79,7 @@ def install(
             stream_registry=settings.stream_registry,
             compaction_prefixes=settings.compaction_prefix_list,
             tenants=settings.tenants,
+            tenant_metrics_top=settings.tenant_metrics_top,
         )
         app[MEMBER] = member = Membership(scripts.redis, "gateway")
         preflight = Preflight(

@@ -83,6 +83,7 @@ class Store:
         stream_registry: bool = False,
         compaction_prefixes: tuple[str, ...] = (),
         tenants: bool = False,
+        tenant_metrics_top: int = 50,
     ) -> None:
         self._scripts = scripts
         self._compaction_prefixes = compaction_prefixes  # --compaction-prefixes (docs/compaction.md)
@@ -101,7 +102,7 @@ class Store:
         self.stats = Reader(scripts)
         self.tenants = Tenants(scripts)
         self.tenant_live = LiveLeases(scripts)
-        self.usage = UsageMeter(scripts)
+        self.usage = UsageMeter(scripts, tenant_metrics_top)
         self._tenants_on = tenants  # --tenants: their sweep runs here
         self._index_sweep = IndexSweep(self.listing)
         self._hints_task: asyncio.Task[None] | None = None

@@ -75,6 +75,14 @@ READ_BUDGET_HELD = Gauge(
 )
 APPENDS = Counter("ds_appends_total", "Appends acknowledged (POSTs that added data)")
 APPENDED_BYTES = Counter("ds_appended_bytes_total", "Bytes of acknowledged appends")
+# Per tenant (--tenants), capped: the first --tenant-metrics-top tenants a process serves get a
+# label of their own, every other is tenant="other" (features/usage.py); the API ranks them all.
+TENANT_REQUESTS = Counter(
+    "ds_tenant_requests_total", "Stream requests answered, by tenant and kind", ["tenant", "kind"]
+)
+TENANT_BYTES_OUT = Counter(
+    "ds_tenant_bytes_out_total", "Body bytes sent for stream requests, by tenant", ["tenant"]
+)
 LIVE_CONNECTIONS = Gauge("ds_live_connections", "Open live reads", ["mode"], multiprocess_mode="livesum")
 FANOUT_DELAY = Histogram(
     "ds_fanout_delay_seconds",

@@ -325,6 +325,9 @@ is in a Secret of yours). */}}
 {{- if not (or .Values.redis.enabled $external) -}}
 {{- fail "the gateways need Redis: set externalRedis.url (redis://host:6379/0), externalRedis.existingSecret, or redis.enabled=true for the chart's own" -}}
 {{- end -}}
+{{- if and .Values.tenants.enabled .Values.externalRedis.cluster -}}
+{{- fail "tenants.enabled needs one Redis primary: a tenant's quotas and its streams are checked by one script (not externalRedis.cluster)" -}}
+{{- end -}}
 {{- if and .Values.redis.enabled (or .Values.externalRedis.cluster .Values.minReplicasAck) -}}
 {{- fail "the chart's own Redis (redis.enabled) is one node without replicas: externalRedis.cluster and minReplicasAck need an external Redis" -}}
 {{- end -}}
