@@ -31,7 +31,7 @@ from ..protocol.models import Chunk, Entry, Meta
 from ..telemetry import metrics
 from . import pipeline
 from .compression import Compressor, compressor
-from .context import Gateway
+from .context import BODY_SENT, Gateway
 from .guard import principal_of
 
 log = logging.getLogger("gateway.reads")
@@ -146,11 +146,12 @@ async def _stream(
     timeout = gw.settings.write_timeout
     pending: asyncio.Future[tuple[list[Entry], int]] | None = None
     until, meta = chunk.until, chunk.meta
+    sent = 0  # (bytes out: the tenants' meter, endpoint.py)
     try:
         at = chunk.page_end
         data = await _encoded(body, chunk.entries)
         chunk.entries.clear()  # the handler's chunk would keep the first page for the whole answer
-        await _send(response, data, timeout)
+        sent += await _send(response, data, timeout)
         del data
         first.sent()
         pending = asyncio.ensure_future(_fetch(gw, meta, at, until))
@@ -163,13 +164,15 @@ async def _stream(
                 pending = asyncio.ensure_future(_fetch(gw, meta, at, until)) if at < until else None
                 data = await _encoded(body, entries)
                 del entries  # a page is let go once sent, not when the next one is in hand
-                await _send(response, data, timeout)
+                sent += await _send(response, data, timeout)
                 del data
             finally:
                 _give(gw, held)
-        await _send(response, body.end(), timeout)
+        sent += await _send(response, body.end(), timeout)
+        request[BODY_SENT] = sent
         await response.write_eof()
     except BaseException as exc:
+        request[BODY_SENT] = sent  # (what went out before it broke)
         await _drop(pending, gw)
         transport = request.transport
         if transport is not None:
@@ -225,11 +228,13 @@ async def _drop(pending: asyncio.Future[tuple[list[Entry], int]] | None, gw: Gat
 _SLICE = 256 * 1024
 
 
-async def _send(response: web.StreamResponse, data: bytes, timeout: float) -> None:
+async def _send(response: web.StreamResponse, data: bytes, timeout: float) -> int:
+    """``data`` written, a slice at a time; returns its length."""
     view = memoryview(data)
     for at in range(0, len(data), _SLICE):
         async with asyncio.timeout(timeout):  # a client that takes nothing for that long is dropped
             await response.write(view[at : at + _SLICE])
+    return len(data)
 
 
 def _why(exc: BaseException) -> str:

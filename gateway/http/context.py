@@ -34,6 +34,9 @@ class Gateway:
 
 
 GATEWAY = web.AppKey("gateway", Gateway)
+# The body bytes a streamed answer (catch-up pages, an event stream) sent, as its client's
+# decoder sees them (no chunk framing): what tenants' usage counts as bytes out (endpoint.py).
+BODY_SENT = web.RequestKey("body_sent", int)
 
 
 def gateway_of(request: web.Request) -> Gateway:

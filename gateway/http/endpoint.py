@@ -12,7 +12,7 @@ from aiohttp import web
 from ..features.usage import request_kind
 from . import pipeline
 from .accesslog import AccessLog
-from .context import GATEWAY
+from .context import BODY_SENT, GATEWAY
 from .guard import TENANT, Guard, principal_of
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -93,7 +93,13 @@ def endpoint(
             tenant = request.get(TENANT)
             if tenant:  # (tenants on: a stream request's, metered)
                 live = request.query.get("live") if request.method == "GET" else None
-                sent = _size(response) if response is not None else 0
+                sent = request.get(BODY_SENT)  # a streamed answer's; else the body aiohttp sends
+                if sent is None:
+                    sent = (
+                        (response.content_length or 0)
+                        if response is not None and not response.prepared
+                        else 0
+                    )
                 gw.store.usage.request(tenant, request_kind(request.method, live), sent)
             remote, target = access.of(request) if access is not None else ("", "")
             seconds = time.perf_counter() - started

@@ -19,7 +19,7 @@ from ..protocol.models import Chunk
 from ..protocol.notices import Delivery
 from ..protocol.sse import comment, control_event, cut_character, events
 from ..redis_io.outcomes import UNAVAILABLE, not_found
-from .context import Gateway
+from .context import BODY_SENT, Gateway
 
 _RETRY_SECONDS = 0.25
 _STOPPING_WRITE_SECONDS = 1.0
@@ -29,13 +29,14 @@ _SINK_BUFFER_LIMIT = 256 * 1024  # a client this far behind is served by its own
 class _SseSink:
     """A caught-up SSE response the fan-out writes small appends to directly."""
 
-    __slots__ = ("position", "closed", "key", "_transport", "_text", "_json", "_cursor", "_chunked")
+    __slots__ = ("position", "closed", "key", "sent", "_transport", "_text", "_json", "_cursor", "_chunked")
 
     def __init__(
         self, transport: asyncio.Transport, *, text: bool, is_json: bool, cursor: str, chunked: bool
     ) -> None:
         self.position = 0
         self.closed = False
+        self.sent = 0  # body bytes written (without chunk framing)
         self.key = (text, is_json, cursor, chunked)
         self._transport = transport
         self._text, self._json, self._cursor, self._chunked = text, is_json, cursor, chunked
@@ -56,6 +57,7 @@ class _SseSink:
 
     def write(self, frame: bytes) -> None:
         self._transport.write(frame)
+        self.sent += len(frame) - (frame.index(b"\r\n") + 4 if self._chunked else 0)
 
 
 class _Stalled(Exception):
@@ -172,19 +174,20 @@ def _control(chunk: Chunk, cursor: str) -> bytes:
     )
 
 
-async def _write(gw: Gateway, response: web.StreamResponse, data: bytes) -> None:
+async def _write(gw: Gateway, response: web.StreamResponse, data: bytes) -> int:
     """A client that takes nothing for --write-timeout seconds is dropped: it must
     not hold a connection, memory, or a graceful shutdown. Shutting down, a last
-    event gets a second, not the full timeout."""
+    event gets a second, not the full timeout. Returns the bytes written."""
     seconds = _STOPPING_WRITE_SECONDS if gw.fanout.stopping else gw.settings.write_timeout
     try:
         async with asyncio.timeout(seconds):
             await response.write(data)
     except TimeoutError:
         raise _Stalled from None
+    return len(data)
 
 
-async def _send(gw: Gateway, response: web.StreamResponse, chunk: Chunk, text: bool, cursor: str) -> None:
+async def _send(gw: Gateway, response: web.StreamResponse, chunk: Chunk, text: bool, cursor: str) -> int:
     key = ("sse", text, cursor)  # encoded once, however many readers this chunk reaches
     frames = chunk.cache.get(key)
     if frames is None:
@@ -193,7 +196,7 @@ async def _send(gw: Gateway, response: web.StreamResponse, chunk: Chunk, text: b
             body, offsets.encode(chunk.end), text=text, cursor=cursor, up_to_date=chunk.up_to_date,
             closed=chunk.eof,
         )  # fmt: skip
-    await _write(gw, response, frames)
+    return await _write(gw, response, frames)
 
 
 async def sse(
@@ -237,9 +240,10 @@ async def sse(
     # Spread reconnects: clients that connected together must not all come back together.
     deadline = _deadline(loop, gw.settings.sse_cycle_seconds * random.uniform(0.75, 1.0), until)
 
+    sent, sink = 0, None  # (bytes out: the tenants' meter, endpoint.py)
     try:
         async with gw.fanout.watch(sid, first_read) as watch:
-            await _send(gw, response, chunk, text, cursor)
+            sent += await _send(gw, response, chunk, text, cursor)
             sink = _SseSink(transport, text=text, is_json=chunk.meta.is_json, cursor=cursor, chunked=chunked)
             # The first read came before the registration: an append in between reaches only
             # readers registered then, so look again if the channel moved since (as long-poll does).
@@ -258,7 +262,7 @@ async def sse(
                         break
                     if not woke:
                         if not watch.stopping and loop.time() < deadline:
-                            await _write(gw, response, comment())
+                            sent += await _write(gw, response, comment())
                         continue
                 try:
                     chunk = _whole_characters(await _after(gw, sid, watch, chunk), text)
@@ -268,11 +272,11 @@ async def sse(
                     continue
                 unread = False
                 if chunk.entries or chunk.eof:
-                    await _send(gw, response, chunk, text, cursor)
+                    sent += await _send(gw, response, chunk, text, cursor)
                     if chunk.entries:
                         watch.delivered()
             if not chunk.eof:  # cycle over or shutting down: say where to resume
-                await _write(gw, response, _control(chunk, cursor))
+                sent += await _write(gw, response, _control(chunk, cursor))
     except ProtocolError:
         pass  # deleted or expired mid-stream: end the event stream
     except _Stalled:
@@ -280,6 +284,8 @@ async def sse(
         return response
     except (ConnectionResetError, asyncio.CancelledError):
         return response  # the client left
+    finally:
+        request[BODY_SENT] = sent + (sink.sent if sink is not None else 0)
     seconds = _STOPPING_WRITE_SECONDS if gw.fanout.stopping else gw.settings.write_timeout
     with contextlib.suppress(ConnectionResetError, TimeoutError):
         async with asyncio.timeout(seconds):
