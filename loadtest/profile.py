@@ -1,6 +1,7 @@
 """Where a gateway's CPU goes under appends: py-spy samples, as a table.
 
     python -m loadtest.profile [--scenario 64w-1s-100B] [--seconds 10] [--out loadtest/results/profile]
+        [--server-args '--tenants --tenant-paths =bench']
 
 Starts ours (one process, embedded Redis), runs an append scenario (loadtest/appends.py;
 wrk when installed), samples the gateway with py-spy meanwhile (``pip install py-spy``;
@@ -14,6 +15,7 @@ import argparse
 import asyncio
 import collections
 import re
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -54,12 +56,15 @@ def main() -> None:
     parser.add_argument("--scenario", default="64w-1s-100B")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--out", default="loadtest/results/profile")
+    parser.add_argument(
+        "--server-args", default="", help="more flags for ours, e.g. '--tenants --tenant-paths =t'"
+    )
     args = parser.parse_args()
     if shutil.which("py-spy") is None:
         raise SystemExit("needs py-spy: pip install py-spy")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    with start("ours") as server, tempfile.TemporaryDirectory() as tmp:
+    with start("ours", *shlex.split(args.server_args)) as server, tempfile.TemporaryDirectory() as tmp:
         raw = Path(tmp, "raw.txt")
         record = ["py-spy", "record", "--pid", str(server.pid), "--rate", "250", "--nonblocking"]
         seconds = str(max(1, round(args.seconds - 2)))

@@ -52,19 +52,34 @@ local function tenant_refuses(bytes, new_stream)
   return nil
 end
 
--- Whether the bound tenant may write the stream `m` (META's): nil if so (a stream made
--- while tenants were off is taken now, as one of its streams), else the refusal.
-local function tenant_claim(m)
-  if not TN or m.tn == TN.name then return nil end
-  if m.tn then return {'foreign'} end
-  local no = tenant_refuses(0, true)
-  if no then return no end
+-- Whether the stream `m` is another tenant's than the bound one (then it is not written).
+local function tenant_foreign(m)
+  return TN ~= nil and m.tn ~= nil and m.tn ~= TN.name
+end
+
+-- The stream (META's) and what was stored for it before (`stored`) leave the bound tenant
+-- (deleted, expired, made anew, ...): given back. Nothing when the tenant holds no such stream.
+local function tenant_release(sid)
+  if not TN then return end
+  local bytes = redis.call('HGET', TN.owned, sid)
+  if not bytes then return end
+  redis.call('HDEL', TN.owned, sid)
+  TN.streams, TN.stored = math.max(0, TN.streams - 1), math.max(0, TN.stored - tonumber(bytes))
+  TN.deleted = TN.deleted + 1
+  TN.dirty = true
+end
+
+-- A stream made while tenants were off (no 'tn') becomes the bound tenant's when it first
+-- stores something for it, after that append's checks passed (tenant_refuses counted it as
+-- a new stream): from then on its bytes count.
+local function tenant_adopt(m)
+  local sid = stream_sid()
+  tenant_release(sid)  -- an earlier stream of this name it still held (expired, not swept yet)
   m.tn = TN.name
   redis.call('HSET', META, 'tn', TN.name)
-  redis.call('HSETNX', TN.owned, stream_sid(), '0')
+  redis.call('HSET', TN.owned, sid, '0')
   TN.streams, TN.created = TN.streams + 1, TN.created + 1
   TN.dirty = true
-  return nil
 end
 
 -- `bytes` stored for the bound tenant in the stream (META's), `new_stream` its first.
@@ -81,34 +96,31 @@ local function tenant_charge(bytes, new_stream)
   TN.dirty = true
 end
 
--- The stream `sid` leaves the bound tenant (deleted, expired, made anew): what it stored
--- and its place are given back. Nothing when the tenant holds no such stream.
-local function tenant_release(sid)
-  if not TN then return end
-  local bytes = redis.call('HGET', TN.owned, sid)
-  if not bytes then return end
-  redis.call('HDEL', TN.owned, sid)
-  TN.streams, TN.stored = math.max(0, TN.streams - 1), math.max(0, TN.stored - tonumber(bytes))
-  TN.deleted = TN.deleted + 1
-  TN.dirty = true
-end
-
 -- At the end of a call: the usage written back, the meter counted (once a call). The bytes
 -- stored until now are metered as byte-seconds (whole seconds; the rest carried over) in
 -- the hour of the call: every change, and the sweep (tenant_sweep.lua), accrues them.
+-- Called under pcall (tenant_saved): the writes it accounts for are committed already, and
+-- their client must hear so; a failure here is logged.
 local function tenant_save()
   if not TN or not TN.dirty then return end
   local seconds = math.max(0, math.floor((TN.now - TN.stored_at) / 1000))
   local stored_at = math.min(TN.now, TN.stored_at + seconds * 1000)
   redis.call('HSET', TN.key, 'u.streams', fmt(TN.streams), 'u.stored_bytes', fmt(TN.stored),
     'u.written_bytes', fmt(TN.written), 'u.period_start', fmt(TN.period_start), 'u.stored_at', fmt(stored_at))
-  for sid, bytes in pairs(TN.grown) do redis.call('HINCRBY', TN.owned, sid, bytes) end
+  for sid, bytes in pairs(TN.grown) do redis.call('HINCRBY', TN.owned, sid, fmt(bytes)) end
   TN.grown = {}
   if TN.created > 0 then redis.call('SADD', TN.index, TN.name) end  -- (listed from its first stream)
   local counts = {appends = TN.appends, bytes_in = TN.bytes_in, streams_created = TN.created,
     streams_deleted = TN.deleted, stored_byte_seconds = TN.stored_before * seconds}
   for counter, n in pairs(counts) do
-    if n > 0 then redis.call('HINCRBY', TN.meter, TN.name .. ' ' .. counter, n) end
+    if n > 0 then redis.call('HINCRBY', TN.meter, TN.name .. ' ' .. counter, fmt(n)) end
   end
   TN.dirty = false
+end
+
+local function tenant_saved()
+  local ok, e = pcall(tenant_save)
+  if not ok then
+    redis.log(redis.LOG_WARNING, 'tenant usage not saved: ' .. tostring(type(e) == 'table' and e.err or e))
+  end
 end

@@ -148,14 +148,15 @@ local function append_one(ctn, close, sseq, pid, ep, sq, im, eo, token, total, f
   if sseq ~= '' and m.seq and not bytes_less(m.seq, sseq) then
     return {'seq_regress', m.tail, m.created}
   end
-  local size = 0  -- the bytes it stores, for its tenant's quotas
+  local size, adopt = 0, false  -- the bytes it stores, for its tenant's quotas
   if TN then
     if token ~= '' then
       size = tonumber(string.match(total, ' (%d+)$'))
     else
       for k = first + 1, last, 2 do size = size + #ARGV[k] end
     end
-    local refusal = tenant_refuses(size, false)
+    adopt = has_data and not m.tn  -- made while tenants were off: it becomes this tenant's
+    local refusal = tenant_refuses(size, adopt)
     if refusal then return refusal end
   end
 
@@ -168,7 +169,11 @@ local function append_one(ctn, close, sseq, pid, ep, sq, im, eo, token, total, f
     return {'pending', m.tail, m.cmp and '1' or '0'}
   end
   commit(m, tail, sseq, close, tuple, pid, ep, sq)
-  if TN and has_data then tenant_charge(size, false); TN.appends = TN.appends + 1 end
+  if TN and has_data then
+    if adopt then tenant_adopt(m) end
+    tenant_charge(size, false)
+    TN.appends = TN.appends + 1
+  end
   -- Its entries ride the notice only once committed: one whose commit failed (an error
   -- after its XADDs, 'partial') must not reach readers beside the appends that did.
   for i = first, last, 2 do appended[#appended + 1] = i end
@@ -199,9 +204,7 @@ local function append_stream(i)
     -- a large append is under way (or its leftovers still being dropped): all wait
     return answer_all(i, count, {'busy', m.pend_until})
   end
-  local claimed, refusal = pcall(tenant_claim, m)
-  if not claimed then return answer_all(i, count, {'error', 'none', error_text(refusal)}) end
-  if refusal then return answer_all(i, count, refusal) end
+  if tenant_foreign(m) then return answer_all(i, count, {'foreign'}) end
   local old_tail, was_closed = m.tail, m.closed
   changed, appended = false, {}
   i = i + 1
@@ -232,6 +235,5 @@ for k = 0, (#KEYS - 1 - tenant_keys) / 6 - 1 do
     KEYS[6 * k + 5], KEYS[6 * k + 6]
   i = append_stream(i)
 end
-local ok, e = pcall(tenant_save)
-if not ok then redis.log(redis.LOG_WARNING, 'tenant usage not saved: ' .. error_text(e)) end
+tenant_saved()
 return results

@@ -42,7 +42,8 @@ local reply = with_stream(now, function(m)
     return {'lost'}
   end
   local size = tonumber(m.pend_tb or '0')
-  local refusal = tenant_refuses(size, false)
+  local adopt = TN ~= nil and not m.tn  -- made while tenants were off (tenant_adopt)
+  local refusal = tenant_refuses(size, adopt)
   if refusal then
     m.tail = old_tail
     roll_back(m)
@@ -50,12 +51,16 @@ local reply = with_stream(now, function(m)
   end
   redis.call('HDEL', META, unpack(PEND_FIELDS))
   commit(m, at, sseq, close, tuple, pid, ep, sq)
-  if TN then tenant_charge(size, false); TN.appends = TN.appends + 1 end
+  if TN then
+    if adopt then tenant_adopt(m) end
+    tenant_charge(size, false)
+    TN.appends = TN.appends + 1
+  end
   touch(m, now, 0)
   if m.exp and not m.ttl then apply_expiry(m) end  -- a new log key needs the deadline too
   publish(old_tail .. ' ' .. m.tail .. (close and ' 1' or ' 0') .. ' t' .. fmt(now))
   record_for_subscribers(false)
   return {'ok', m.tail, close and '1' or '0', m.created}
 end)
-tenant_save()
+tenant_saved()
 return reply

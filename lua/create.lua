@@ -40,7 +40,7 @@ local now = now_ms()
 tenant_bind(9, ARGV[22], now)
 local m, status = open_stream(now)
 if status == 'gone' then return {'conflict', m.src or ''} end
-if status == 'ok' and TN and m.tn and m.tn ~= TN.name then return {'foreign'} end
+if status == 'ok' and tenant_foreign(m) then return {'foreign'} end
 -- If-Match here, in the script that creates: a delete just before cannot let it make one.
 if ARGV[18] ~= '' then
   if status ~= 'ok' then return {'precondition_failed', '', ''} end
@@ -68,7 +68,7 @@ local size = 0
 for k = 24, #ARGV, 2 do size = size + #ARGV[k] end
 local refusal = tenant_refuses(size, true)
 if refusal then
-  tenant_save()
+  tenant_saved()
   return refusal
 end
 
@@ -98,5 +98,5 @@ record_for_subscribers(ARGV[16] == '1')
 -- announces nothing. Unparsable, the notice makes them read Redis (gateway/live/channels.py).
 publish('created')
 tenant_charge(size, true)
-tenant_save()
+tenant_saved()
 return {'created', flat(m)}

@@ -9,8 +9,10 @@
 --   Then its tenant's five keys when the call is made for one (_tenants.lua), its
 --   slot's outbox last.
 -- ARGV: 1 wake_channel: the channel that wakes subscription workers, 2 tenant: the tenant
---   the call is made for ('' none): its stream's bytes and place are given back, even
---   soft-deleted (its forks hold the rest), and another tenant's stream is not deleted.
+--   the call is made for ('' none): its stream's bytes and place are given back once the
+--   stream is dropped (a soft-deleted one stays counted while its forks keep its data:
+--   the sweep gives it back once the last fork let it go), and another tenant's stream is
+--   not deleted.
 -- Returns {'deleted', source (its source id, or ''), source_uid (the source
 --   incarnation, meta 'src_uid', or ''), snapshot_file (its snapshot's blob file,
 --   gateway/features/snapshots.py, or '')} | {'soft'} | {'missing'} | {'gone'} | {'foreign'}.
@@ -19,8 +21,7 @@ local INDEX = KEYS[7]
 local now = now_ms()
 tenant_bind(8, ARGV[2], now)
 local reply = with_stream(now, function(m)
-  if TN and m.tn and m.tn ~= TN.name then return {'foreign'} end
-  tenant_release(stream_sid())
+  if tenant_foreign(m) then return {'foreign'} end
   publish('deleted')
   redis.call('ZREM', INDEX, stream_sid())
   record_for_subscribers(false)
@@ -30,8 +31,9 @@ local reply = with_stream(now, function(m)
     return {'soft'}
   end
   drop()
+  tenant_release(stream_sid())
   return {'deleted', m.src or '', m.src_uid or '', m.snap_file or ''}
 end)
 if reply[1] == 'missing' then tenant_release(stream_sid()) end  -- it expired: given back now
-tenant_save()
+tenant_saved()
 return reply

@@ -10,7 +10,10 @@
 --   3 uid: a fresh incarnation id: stored as meta 'uid' if the stream has none yet
 --   (uid is set once, the first time a stream is forked, and names this
 --   incarnation in its forks' chains; a stream at the same path later gets
---   another), 4 anchor: the position Stream-Fork-Offset names (-1: none, the tail).
+--   another), 4 anchor: the position Stream-Fork-Offset names (-1: none, the tail),
+--   5 tenant: the forking request's tenant ('' none: docs/tenants.md): a stream of another
+--   tenant is not forked (a fork holds its source's data, which stays counted to its
+--   owner), nothing changed.
 -- A compacted stream (docs/compaction.md) records its tail as 'fkmax': compaction drops
 -- nothing below the newest fork point from then on (lua/compact.lua), so a fork's inherited
 -- part stays as it was at its fork point; the fork must start at or past where compaction
@@ -18,10 +21,11 @@
 -- moves (gateway/streams/forks.py checks the fork point, at or after the anchor, again).
 -- Returns {'ok', meta (the source's), added ('1' if this call added the fork to FORKS,
 --   else '0')} | {'missing'} | {'gone'} (never for 'stamp') | {'compacted', floor} (the
---   anchor is in the compacted part, below floor: nothing changed).
+--   anchor is in the compacted part, below floor: nothing changed) | {'foreign'}.
 local how, now = ARGV[2], now_ms()
 local m, status = open_stream(now)
 if status == 'missing' or (status == 'gone' and how ~= 'stamp') then return {status} end
+if how ~= 'stamp' and (ARGV[5] or '') ~= '' and m.tn and m.tn ~= ARGV[5] then return {'foreign'} end
 local anchor = tonumber(ARGV[4])
 if m.cmp and how ~= 'stamp' then
   local floor = math.max(tonumber(m.cto or '0'), tonumber(m.cnext or '0'))

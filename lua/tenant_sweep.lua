@@ -4,8 +4,10 @@
 -- KEYS: the tenant's five keys (_tenants.lua), then the meta of each stream checked.
 -- ARGV: 1 tenant: its name, 2.. streams: the id of each stream checked (in KEYS order,
 --   from KEYS[6]).
--- A stream is given back when its meta is gone, names another tenant, is soft-deleted
--- or past its deadline. The tenant's stored bytes are metered up to now (tenant_save).
+-- A stream is given back when its meta is gone (dropped: deleted, expired, or a
+-- soft-deleted one whose last fork let it go) or names another tenant (made anew). A
+-- soft-deleted stream stays counted while its forks keep its data. The tenant's stored
+-- bytes are metered up to now (tenant_save).
 -- Returns {released (how many were given back)}.
 local now = now_ms()
 tenant_bind(1, ARGV[1], now)
@@ -13,12 +15,11 @@ local released = 0
 TN.dirty = true
 for k = 2, #ARGV do
   local meta = KEYS[k + 4]
-  local f = redis.call('HMGET', meta, 'tn', 'deleted', 'exp')
-  local gone = not f[1] or f[1] ~= ARGV[1] or f[2] or (f[3] and now >= tonumber(f[3]))
-  if gone and redis.call('HEXISTS', TN.owned, ARGV[k]) == 1 then
+  local tn = redis.call('HGET', meta, 'tn')
+  if tn ~= ARGV[1] and redis.call('HEXISTS', TN.owned, ARGV[k]) == 1 then
     tenant_release(ARGV[k])
     released = released + 1
   end
 end
-tenant_save()
+tenant_saved()
 return {released}

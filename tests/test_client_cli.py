@@ -465,7 +465,9 @@ async def test_tenants(cli: Cli, redis_url: str) -> None:
         code, out, err = await cli("tenants", tenant, "--url", base, "--set", "streams=3", "--json")
         assert code == 0, err
         assert json.loads(out)["quotas"]["streams"] == 3
-        code, out, _ = await cli("create", f"{tenant}/s", "--url", base, "--content-type", "text/plain", "abc")
+        code, out, _ = await cli(
+            "create", f"{tenant}/s", "--url", base, "--content-type", "text/plain", "abc"
+        )
         assert code == 0
         code, out, _ = await cli("tenants", "--url", base)
         line = next(x for x in out.decode().splitlines() if x.startswith(tenant))

@@ -77,10 +77,12 @@ def test_claims_and_token_entries_name_tenants(tmp_path: Path) -> None:
     path = tmp_path / "tokens.json"
     entry = {"name": "w", "token": "x" * 20, "grants": "write:*", "tenant": "acme"}
     path.write_text(json.dumps({"tokens": [entry]}))
-    assert [t.tenant for t in load_tokens(str(path)).values()] == ["acme"]
+    assert [t.tenant for t in load_tokens(str(path), tenanted=True).values()] == ["acme"]
     path.write_text(json.dumps({"tokens": [{**entry, "tenant": "no:colons"}]}))
     with pytest.raises(ValueError, match="token 'w': tenant 'no:colons'"):
-        load_tokens(str(path))
+        load_tokens(str(path), tenanted=True)
+    # Tenants off: the field is not read (a free-form one, as before, starts the server).
+    assert [t.tenant for t in load_tokens(str(path)).values()] == [None]
 
 
 def test_quota_updates_are_checked_whole() -> None:
@@ -587,3 +589,71 @@ def test_metrics_label_a_capped_number_of_tenants() -> None:
         "read",
         "create",
     )
+
+
+# -- after the review: forks, adoption, signed URLs ------------------------------------------
+
+
+async def test_a_forked_stream_stays_counted_until_its_last_fork_goes(tenanted, http, redis) -> None:
+    base, (a, b, _) = tenanted
+    async with http.put(f"{base}/{a}/src", data=b"x" * 100, headers=TEXT) as r:
+        assert r.status == 201
+    async with http.put(
+        f"{base}/{a}/fork", headers={**TEXT, "Stream-Forked-From": f"/v1/stream/{a}/src"}
+    ) as r:
+        assert r.status == 201, await r.text()
+    async with http.put(
+        f"{base}/{b}/theirs", headers={**TEXT, "Stream-Forked-From": f"/v1/stream/{a}/src"}
+    ) as r:
+        assert r.status == 403 and "another tenant" in await r.text()  # nothing pinned for b
+    async with http.delete(f"{base}/{a}/src") as r:
+        assert r.status == 204  # soft: the fork still reads its data
+    usage = (await _tenant(http, base, a))["usage"]
+    assert (usage["streams"], usage["stored_bytes"]) == (2, 100)  # still held: still counted
+    assert await read_all(http, f"{base}/{a}/fork") == b"x" * 100
+    async with http.delete(f"{base}/{a}/fork") as r:
+        assert r.status == 204  # the last fork: the source's data goes too
+    for _ in range(50):  # (the source is collected after the fork's delete answered)
+        if await Tenants(Scripts(redis)).sweep(a) or (await _tenant(http, base, a))["usage"]["streams"] == 0:
+            break
+        await asyncio.sleep(0.1)
+    usage = (await _tenant(http, base, a))["usage"]
+    assert (usage["streams"], usage["stored_bytes"]) == (0, 0)
+
+
+async def test_a_stream_made_before_tenants_is_adopted_by_its_first_write(redis_url, http) -> None:
+    tenant = _name()
+    path = f"{tenant}/old"
+    async with serving(redis_url) as plain:  # tenants off
+        async with http.put(f"{plain}/{path}", data=b"before", headers=TEXT) as r:
+            assert r.status == 201
+    async with serving(redis_url, tenants=True, tenant_paths=f"{tenant}/={tenant}") as base:
+        await _quotas(http, base, tenant, {"stored_bytes": 10})
+        async with http.post(f"{base}/{path}", data=b"x" * 11, headers=TEXT) as r:
+            assert r.status == 403  # refused: nothing changed, not adopted either
+        async with http.post(f"{base}/{path}", data=b'"x"', headers={"Content-Type": "application/json"}) as r:
+            assert r.status == 409  # refused by the protocol's own check: not adopted
+        async with http.get(f"{base}/__ds/tenants/{tenant}") as r:
+            assert (await r.json())["usage"]["streams"] == 0
+        async with http.post(f"{base}/{path}", data=b"after", headers=TEXT) as r:
+            assert r.status == 204
+        usage = (await _tenant(http, base, tenant))["usage"]
+        assert (usage["streams"], usage["stored_bytes"]) == (1, 5)  # its bytes from then on
+        async with http.delete(f"{base}/{path}") as r:
+            assert r.status == 204
+        usage = (await _tenant(http, base, tenant))["usage"]
+        assert (usage["streams"], usage["stored_bytes"]) == (0, 0)
+
+
+def test_a_signed_url_carries_its_minters_tenant() -> None:
+    from gateway.protocol import access
+
+    key = b"k" * 32
+    query = access.sign(key, "write", "acme/x", 2_000, "token:w", tenant="acme")
+    assert access.verify_signed(key, query, "acme/x", 1_000).tenant == "acme"
+    with pytest.raises(ProtocolError):
+        access.verify_signed(key, {**query, access.SIG_TENANT: "globex"}, "acme/x", 1_000)
+    with pytest.raises(ProtocolError):  # dropped: the signature was over the tenant
+        access.verify_signed(key, {k: v for k, v in query.items() if k != access.SIG_TENANT}, "acme/x", 1_000)
+    plain = access.sign(key, "read", "acme/x", 2_000, "token:w")  # as before tenants: v1
+    assert access.SIG_TENANT not in plain and access.verify_signed(key, plain, "acme/x", 1_000).tenant is None

@@ -57,7 +57,11 @@ _SKIPPED_NAMES = {
     keys.RESTORING_LEASE,
     keys.INDEX_SWEEP,
     keys.INDEX_SWEEP_AT,
-}
+    keys.TENANT_SWEEP,
+    keys.METER_FLUSHING,  # the meter (docs/tenants.md): what it counted is in the archive's
+}  # usage files, or to be moved there by the source; never twice
+_METER = (keys.METER_PREFIX, keys.meter_part(0, "")[: -len("0:")])  # ds:meter:, ds:meter-part:
+_TENANT = keys.tenant("")
 _GROUP_TAGS = {keys.due_key(g)[len(keys.PREFIX) + 2 : -len("}:due")] for g in range(keys.SUB_GROUPS)}
 _SUB_KEY = re.compile(r"ds:\{(?P<tag>[^}]*)\}:(?P<part>[slp]):(?P<sub>.*)", re.S)
 
@@ -92,9 +96,18 @@ def tag_of(key: str) -> str | None:
     return key[start + 1 : end] if end > start + 1 else None
 
 
+def _is_live_leases(rest: str) -> bool:
+    """Whether ``ds:tenant:<rest>`` is a tenant's live leases (keys.tenant_live), not the hash
+    of a tenant named e.g. ``live`` (names hold no ':')."""
+    name, colon, suffix = rest.partition(":")
+    return bool(name) and bool(colon) and suffix == "live"
+
+
 def kind(key: str) -> Kind | Listed:
     """What a backup keeps of ``key`` (one of ours): a ``Listed`` family, or a ``Kind``."""
-    if key in _SKIPPED_NAMES or key.startswith((f"{keys.PREFIX}:rate:", STATS_TAG)):
+    if key in _SKIPPED_NAMES or key.startswith((f"{keys.PREFIX}:rate:", STATS_TAG, *_METER)):
+        return Kind.SKIPPED
+    if key.startswith(_TENANT) and _is_live_leases(key[len(_TENANT) :]):  # the source's connections
         return Kind.SKIPPED
     if key == keys.STREAM_INDEX or key.startswith(f"{keys.STREAM_INDEX}:{{"):
         return Listed.INDEX

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 from typing import Any
+from urllib.parse import quote
 
 from ..protocol.namespace import RESERVED
 from .client_http import OK, USAGE, Failure, stream_url
@@ -62,7 +63,7 @@ async def tenants(args: argparse.Namespace) -> int:
                 else:
                     print(_line(found))
             return OK
-        url = f"{base}/{args.tenant}"
+        url = f"{base}/{quote(args.tenant, safe='')}"
         if args.set:
             body = json.dumps(parse_assignments(args.set)).encode()
             headers = {"Content-Type": "application/merge-patch+json"}

@@ -72,17 +72,17 @@ class Snapshots:
             snapshot = Snapshot(int(found["snap"]), found["snap_ct"] or "", found["snap_file"] or "")
         return State(int(found["tail"] or 0), found["closed"] == "1", found["created"], snapshot)
 
-    async def publish(self, sid: str, position: int, content_type: str, data: bytes) -> int:
+    async def publish(self, sid: str, position: int, content_type: str, data: bytes, tenant: str = "") -> int:
         """Store a snapshot at ``position``; returns the stream's tail. 404 no stream,
         409 stale (a snapshot at or after it exists) or beyond the tail, 410 below what
-        is retained."""
+        is retained, 403 another ``tenant``'s stream."""
         state = await self.state(sid)
         digest = hashlib.sha256(sid.encode("utf-8", "surrogatepass")).hexdigest()[:32]
         file = f"_snapshots/{digest}/{state.created}-{position}-{uuid.uuid4().hex}.snapshot"
         await asyncio.to_thread(self.archive.put, file, data)
         try:
             result = await self.scripts.on_stream(
-                SNAPSHOT_SET.name, sid, *SnapshotSetArgv(state.created, position, content_type, file)
+                SNAPSHOT_SET.name, sid, *SnapshotSetArgv(state.created, position, content_type, file, tenant)
             )
         except Exception:
             # Unanswered: it may have been recorded. Its blob goes only if it surely was not
@@ -98,6 +98,8 @@ class Snapshots:
             await self._remove(file)
             if status in ("missing", "gone"):
                 raise not_found(status)
+            if status == "foreign":
+                raise ProtocolError(403, "this stream belongs to another tenant")
             detail = {"stale": "a snapshot at or after this offset exists", "range": "offset beyond the tail"}
             if status == "trimmed":
                 raise ProtocolError(410, "offset below the data still retained")

@@ -4,10 +4,11 @@
 Each live read takes a lease in the tenant's sorted set (``keys.tenant_live``: member
 ``<process>:<n>``, score the lease's end) through lua/tenant_live.lua, which drops ended
 leases, counts and refuses past the quota in one step; the read gives it back when it
-ends. Every ``LEASE_SECONDS / 3`` this process renews the leases it holds (one ZADD XX per
-tenant), so the leases of a gateway killed with connections open end, and leave the
-count, within ``LEASE_SECONDS``. The connection's time is metered when it ends
-(``live_connection_ms``: a killed gateway's open connections are not).
+ends. Every ``LEASE_SECONDS / 3`` this process renews the leases it holds
+(lua/tenant_renew.lua: on Redis' clock, lapsed ones added back), so the leases of a
+gateway killed with connections open end, and leave the count, within ``LEASE_SECONDS``.
+The connection's time is metered when it ends (``live_connection_ms``: a killed
+gateway's open connections are not).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from ..concurrency.cancelling import raise_if_cancelled
 from ..protocol import tenants
 from ..protocol.models import text
 from ..redis_io import keys
-from ..redis_io.contracts import TENANT_LIVE, QuotaRefused, TenantLiveArgv, status_of
+from ..redis_io.contracts import TENANT_LIVE, TENANT_RENEW, QuotaRefused, TenantLiveArgv, status_of
 from ..redis_io.scripts import Scripts
 from ..telemetry.logs import RateLimited
 
@@ -46,43 +47,46 @@ class LiveLeases:
         member = f"{self.process}:{self.count}"
         lease_ms = int(LEASE_SECONDS * 1000)
         script_keys = [keys.tenant(tenant), keys.TENANT_DEFAULTS, keys.tenant_live(tenant)]
-        reply = await self.scripts.run(TENANT_LIVE.name, script_keys, [*TenantLiveArgv(member, lease_ms)])
-        if status_of(reply) == "quota":
-            refusal = QuotaRefused(*reply)
-            raise tenants.refused(
-                text(refusal.quota), int(refusal.limit), int(refusal.usage), int(refusal.asked)
-            )
-        mine = self.held.setdefault(tenant, {})
-        mine[member] = time.monotonic()
+        # Held (so renewed, and given back) from before the take: a request cancelled while
+        # the take is on its way leaves no lease counting until it lapses.
+        self.held.setdefault(tenant, {})[member] = started = time.monotonic()
+        taken = False
         try:
+            reply = await self.scripts.run(TENANT_LIVE.name, script_keys, [*TenantLiveArgv(member, lease_ms)])
+            if status_of(reply) == "quota":
+                refusal = QuotaRefused(*reply)
+                raise tenants.refused(
+                    text(refusal.quota), int(refusal.limit), int(refusal.usage), int(refusal.asked)
+                )
+            taken = True
             yield
         finally:
-            started = mine.pop(member)
+            mine = self.held[tenant]
+            del mine[member]
             if not mine:
                 del self.held[tenant]
-            await asyncio.shield(self._give_back(tenant, member, time.monotonic() - started))
+            seconds = time.monotonic() - started if taken else 0.0
+            await asyncio.shield(self._give_back(tenant, member, seconds))
 
     async def _give_back(self, tenant: str, member: str, seconds: float) -> None:
         pipe = self.scripts.redis.pipeline(transaction=False)
         pipe.zrem(keys.tenant_live(tenant), member)
-        pipe.hincrby(
-            keys.meter(keys.meter_hour(time.time())), f"{tenant} live_connection_ms", int(seconds * 1000)
-        )
+        if seconds:
+            meter = keys.meter(keys.meter_hour(time.time()))
+            pipe.hincrby(meter, f"{tenant} live_connection_ms", int(seconds * 1000))
         try:
             await pipe.execute()
         except Exception as exc:  # Redis away: the lease ends by itself, the time goes uncounted
             limited.log(logging.WARNING, "live-lease", "a tenant's live lease not given back: %s", exc)
 
     async def renew_once(self) -> None:
-        """Every lease this process holds, moved LEASE_SECONDS on."""
-        if not self.held:
-            return
-        until = int((time.time() + LEASE_SECONDS) * 1000)
-        pipe = self.scripts.redis.pipeline(transaction=False)
+        """Every lease this process holds, moved LEASE_SECONDS on (on Redis' clock: a
+        gateway's own clock, ahead or behind, changes nothing), lapsed ones added back."""
+        lease_ms = int(LEASE_SECONDS * 1000)
         for tenant, members in list(self.held.items()):
-            pipe.zadd(keys.tenant_live(tenant), dict.fromkeys(members, until), xx=True)
-            pipe.pexpire(keys.tenant_live(tenant), int(LEASE_SECONDS * 2000))
-        await pipe.execute()
+            if members:
+                argv = TENANT_RENEW.args(lease_ms, *members)
+                await self.scripts.run(TENANT_RENEW.name, [keys.tenant_live(tenant)], argv)
 
     async def run(self) -> None:
         while True:

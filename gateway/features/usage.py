@@ -39,24 +39,28 @@ class UsageMeter:
         self.counts: Counter[str] = Counter()  # '<tenant> <counter>' -> count since the last flush
         self.labelled: set[str] = set()  # tenants with a label of their own in /metrics
         self.most_labelled = labelled
-        self._children: dict[tuple[str, str], tuple[Any, Any]] = {}  # (tenant, kind) -> its counters
+        # (tenant, kind) -> its meter fields and /metrics children, made once
+        self._children: dict[tuple[str, str], tuple[str, str, Any, Any]] = {}
 
     def request(self, tenant: str, kind: str, bytes_out: int) -> None:
         """One request of ``tenant`` answered, with ``bytes_out`` body bytes sent."""
-        self.counts[f"{tenant} requests_{kind}"] += 1
         children = self._children.get((tenant, kind))
         if children is None:  # (labels() takes a lock and builds a tuple: once per tenant and kind)
             if len(self._children) >= 4 * (self.most_labelled + 1) * len(KINDS):
                 self._children.clear()
             label = self._label(tenant)
             children = self._children[(tenant, kind)] = (
+                f"{tenant} requests_{kind}",
+                f"{tenant} bytes_out",
                 metrics.TENANT_REQUESTS.labels(label, kind),
                 metrics.TENANT_BYTES_OUT.labels(label),
             )
-        children[0].inc()
+        requests_field, bytes_field, requests, sent = children
+        self.counts[requests_field] += 1
+        requests.inc()
         if bytes_out:
-            self.counts[f"{tenant} bytes_out"] += bytes_out
-            children[1].inc(bytes_out)
+            self.counts[bytes_field] += bytes_out
+            sent.inc(bytes_out)
 
     def _label(self, tenant: str) -> str:
         """The tenant's label in /metrics: its name while fewer than the cap have one, else

@@ -67,9 +67,10 @@ class _Token:
     tenant: str | None = None
 
 
-def load_tokens(path: str) -> dict[str, _Token]:
+def load_tokens(path: str, tenanted: bool = False) -> dict[str, _Token]:
     """The token file: ``{"tokens": [{"name", "token" | "sha256", "grants", "expires_at"?, "tenant"?}]}``
-    (or just the list). Keyed by the token's SHA-256, so the file may hold hashes only."""
+    (or just the list). Keyed by the token's SHA-256, so the file may hold hashes only.
+    ``tenanted`` (--tenants): each entry's ``tenant`` is read (else left alone, as any other field)."""
     with open(path, "rb") as f:
         try:
             doc = orjson.loads(f.read())
@@ -95,7 +96,7 @@ def load_tokens(path: str) -> dict[str, _Token]:
         if not grants:
             raise ValueError(f"{where}: grants nothing")
         try:
-            tenant = tenants.claim_tenant(entry.get("tenant"))
+            tenant = tenants.claim_tenant(entry.get("tenant")) if tenanted else None
         except ValueError as exc:
             raise ValueError(f"{where}: {exc}") from None
         expires_at = _timestamp(entry.get("expires_at"), where)
@@ -106,10 +107,10 @@ def load_tokens(path: str) -> dict[str, _Token]:
 class _TokenFile:
     """Static tokens, read again when the file changes (a Kubernetes Secret update)."""
 
-    def __init__(self, path: str) -> None:
-        self.path = path
+    def __init__(self, path: str, tenanted: bool) -> None:
+        self.path, self.tenanted = path, tenanted
         self.mtime = os.stat(path).st_mtime_ns
-        self.tokens = load_tokens(path)
+        self.tokens = load_tokens(path, tenanted)
         self.checked = time.monotonic()
 
     def get(self, secret: str) -> _Token | None:
@@ -119,7 +120,7 @@ class _TokenFile:
             try:
                 mtime = os.stat(self.path).st_mtime_ns
                 if mtime != self.mtime:
-                    self.tokens, self.mtime = load_tokens(self.path), mtime
+                    self.tokens, self.mtime = load_tokens(self.path, self.tenanted), mtime
                     log.info("token file %s read again: %d tokens", self.path, len(self.tokens))
             except (OSError, ValueError) as exc:  # keep the tokens we have
                 limited.log(logging.ERROR, "tokens", "token file not read again: %s", exc)
@@ -181,7 +182,7 @@ class _Jwt:
             # Without one, any token the same issuer signed for another service would do.
             raise ValueError("JWT verification needs --auth-jwt-audience (the 'aud' this server accepts)")
         self.claim = settings.auth_jwt_claim
-        self.tenant_claim = settings.tenant_claim
+        self.tenant_claim = settings.tenant_claim if settings.tenants else None  # (off: not read)
         self.audience = settings.auth_jwt_audience
         self.issuer = settings.auth_jwt_issuer
         self.static_key: Any = None
@@ -234,7 +235,7 @@ class _Jwt:
         except ValueError:
             raise unauthorized("token grants unreadable") from None
         try:
-            tenant = tenants.claim_tenant(claims.get(self.tenant_claim))
+            tenant = tenants.claim_tenant(claims.get(self.tenant_claim)) if self.tenant_claim else None
         except ValueError:
             raise unauthorized(f"token claim {self.tenant_claim!r} is not a tenant name") from None
         subject = f"jwt:{claims.get('iss', '')!r}:{claims.get('sub', '')!r}"
@@ -289,7 +290,8 @@ class Authenticator:
     startup error (ValueError/OSError), not a stream of 401s."""
 
     def __init__(self, settings: Settings) -> None:
-        self.tokens = _TokenFile(settings.auth_tokens_file) if settings.auth_tokens_file else None
+        path = settings.auth_tokens_file
+        self.tokens = _TokenFile(path, settings.tenants) if path else None
         has_jwt = settings.auth_jwt_key_file or settings.auth_jwks_url
         self.jwt = _Jwt(settings) if has_jwt else None
         self.signing_key: bytes | None = None

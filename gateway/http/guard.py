@@ -30,6 +30,7 @@ from .auth import Authenticator, client_address
 PRINCIPAL = web.RequestKey("principal", Principal)
 TENANT = web.RequestKey("tenant", str)  # a stream request's, with tenants on (metered by endpoint.py)
 _WRITES = frozenset({"PUT", "POST", "DELETE"})
+_PATHS_KEPT = 10_000  # stream paths whose --tenant-paths tenant is remembered (then all forgotten)
 
 
 def principal_of(request: web.Request) -> Principal:
@@ -95,6 +96,7 @@ class Guard:
         self.rules = quotas.parse_rules(settings.rate_limits)
         self.tenants_on = settings.tenants
         self.tenant_rules = tenants.parse_path_rules(settings.tenant_paths)
+        self._by_path: dict[str, str] = {}  # stream path -> its --tenant-paths tenant
         self.limiter: RateLimiter | None = None
         self.tenant_rates: TenantRates | None = None
         self.pause: WritePause | None = None
@@ -140,12 +142,12 @@ class Guard:
             )
         if request.method == "OPTIONS":  # a preflight carries no credentials: answered for anyone
             return None
+        self._check_host_and_origin(request)
         if self.tenants_on:  # every stream request is some tenant's: 403 here when none
             path, scope = request.match_info["path"], access.required_scope(request.method)
             tenant = request[TENANT] = self.tenant(OPEN, path)
             if not self._rate_free(tenant, scope):  # its own rate quota (or not known yet)
                 return self.admit_path(request, path, scope, stream=True)
-        self._check_host_and_origin(request)
         if self.pause is not None and self.pause.active and stores_data(request):
             self.pause.check(request.match_info["path"])
         return None
@@ -217,8 +219,16 @@ class Guard:
         when it has none (protocol/tenants.py)."""
         if not self.tenants_on:
             return ""
-        credentialed = not principal.anonymous and principal.only_path is None
-        return tenants.tenant_of(principal.tenant, credentialed, path, self.tenant_rules)
+        if principal.tenant:  # (the credential's, whatever the path)
+            return principal.tenant
+        if not principal.anonymous and principal.only_path is None:
+            return tenants.tenant_of(None, True, path, self.tenant_rules)  # 403: it names none
+        found = self._by_path.get(path)  # an append asks twice (admission, then its handler)
+        if found is None:
+            if len(self._by_path) >= _PATHS_KEPT:
+                self._by_path.clear()
+            found = self._by_path[path] = tenants.tenant_of(None, False, path, self.tenant_rules)
+        return found
 
     async def admit_listing(self, request: web.Request, prefix: str) -> Principal:
         """A listing of ``prefix`` (http/listing.py): like a read of it, except that

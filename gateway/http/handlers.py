@@ -397,7 +397,7 @@ async def sign_url(request: web.Request) -> web.Response:
     expires = int(time.time()) + seconds
     if principal.expires_at is not None:
         expires = min(expires, int(principal.expires_at))
-    query = access.sign(key, scope, path, expires, principal.id)
+    query = access.sign(key, scope, path, expires, principal.id, principal.tenant or "")
     url = public_url(request, path) + "?" + urlencode(query)
     payload = {"url": url, "query": query, "expires_at": expires, "scope": scope}
     return web.Response(body=orjson.dumps(payload), content_type="application/json")

@@ -23,7 +23,8 @@ from ..protocol.headers import STREAM_SNAPSHOT_OFFSET as SNAPSHOT_OFFSET
 from ..protocol.jsonmode import with_offset
 from ..redis_io import keys
 from .bodies import read_body
-from .context import gateway_of
+from .context import BODY_SENT, gateway_of
+from .guard import TENANT
 
 _DECIMAL_WIDTH = 20  # Ursula's offsets: 20-digit zero-padded decimals
 
@@ -31,7 +32,7 @@ _DECIMAL_WIDTH = 20  # Ursula's offsets: 20-digit zero-padded decimals
 async def _stream(request: web.Request, scope: Scope) -> str:
     """The stream id a ``/{bucket}/{stream}/...`` request names, once admitted for ``scope``."""
     _, path = bucket_stream(request.match_info["bucket"], request.match_info["stream"])
-    await gateway_of(request).guard.admit_path(request, path, scope)
+    await gateway_of(request).guard.admit_path(request, path, scope, stream=True)  # (its tenant too)
     return keys.stream_id(path)
 
 
@@ -62,7 +63,8 @@ async def put_snapshot(request: web.Request) -> web.Response:
     limit = gw.settings.max_snapshot_bytes
     timeout, budget = gw.settings.body_timeout, gw.bodies
     body = await read_body(request, max_bytes=limit, timeout=timeout, budget=budget, streamed=True)
-    tail = await gw.store.snapshots.publish(sid, position, content_type, body)
+    tenant = request.get(TENANT, "")
+    tail = await gw.store.snapshots.publish(sid, position, content_type, body, tenant)
     headers = {"Stream-Next-Offset": offsets.encode(tail), SNAPSHOT_OFFSET: offsets.encode(position)}
     return web.Response(status=204, headers=headers)
 
@@ -157,10 +159,12 @@ async def bootstrap(request: web.Request) -> web.StreamResponse:
     gw.guard.secure(request, response.headers)
     await response.prepare(request)
     dash = f"--{boundary}\r\n".encode()
+    request[BODY_SENT] = 0  # (bytes out: the tenants' meter, endpoint.py)
 
     async def part(content_type: str, data: bytes) -> None:
         head = f"Content-Type: {content_type}\r\nContent-Length: {len(data)}\r\n\r\n".encode()
         await response.write(dash + head + data + b"\r\n")
+        request[BODY_SENT] += len(dash) + len(head) + len(data) + 2
 
     await part(snapshot.content_type if snapshot is not None else DEFAULT_CONTENT_TYPE, blob)
     media = chunk.meta.content_type
@@ -174,6 +178,8 @@ async def bootstrap(request: web.Request) -> web.StreamResponse:
         if not entries or chunk.end >= end:
             break
         chunk = await gw.store.read(sid, chunk.end, below_floor=True)
-    await response.write(f"--{boundary}--\r\n".encode())
+    end_line = f"--{boundary}--\r\n".encode()
+    await response.write(end_line)
+    request[BODY_SENT] += len(end_line)
     await response.write_eof()
     return response

@@ -158,6 +158,7 @@ def check(principal: Principal, scope: Scope, path: str) -> None:
 # scope, the exact stream path, the expiry and who minted it (a digest of the
 # minting credential's id, so rate limits and live caps count against it).
 SIG_EXPIRES, SIG_SCOPE, SIG_BY, SIG = "ds_expires", "ds_scope", "ds_by", "ds_sig"
+SIG_TENANT = "ds_tenant"  # the minter's tenant (docs/tenants.md), signed too when there is one
 SIGNED_SCOPES: tuple[Scope, ...] = ("read", "write")
 
 
@@ -166,8 +167,14 @@ def _utf8(value: str) -> bytes:
     return value.encode("utf-8", "surrogatepass")
 
 
-def _mac(key: bytes, scope: str, path: str, expires: int, by: str) -> str:
-    message = _utf8(f"v1\n{scope}\n{path}\n{expires}\n{by}")
+def _mac(key: bytes, scope: str, path: str, expires: int, by: str, tenant: str = "") -> str:
+    # v1 without a tenant: URLs signed before tenants were keep their meaning
+    text = (
+        f"v2\n{scope}\n{path}\n{expires}\n{by}\n{tenant}"
+        if tenant
+        else f"v1\n{scope}\n{path}\n{expires}\n{by}"
+    )
+    message = _utf8(text)
     return base64.urlsafe_b64encode(hmac.new(key, message, hashlib.sha256).digest()).rstrip(b"=").decode()
 
 
@@ -175,15 +182,15 @@ def minter_digest(principal_id: str) -> str:
     return hashlib.sha256(principal_id.encode()).hexdigest()[:16]
 
 
-def sign(key: bytes, scope: Scope, path: str, expires: int, by: str) -> dict[str, str]:
-    """The query parameters that let their bearer use ``scope`` on ``path`` until ``expires``."""
+def sign(key: bytes, scope: Scope, path: str, expires: int, by: str, tenant: str = "") -> dict[str, str]:
+    """The query parameters that let their bearer use ``scope`` on ``path`` until ``expires``
+    (as ``tenant``'s, when the minter has one: its requests are that tenant's)."""
     by = minter_digest(by)
-    return {
-        SIG_EXPIRES: str(expires),
-        SIG_SCOPE: scope,
-        SIG_BY: by,
-        SIG: _mac(key, scope, path, expires, by),
-    }
+    query = {SIG_EXPIRES: str(expires), SIG_SCOPE: scope, SIG_BY: by}
+    if tenant:
+        query[SIG_TENANT] = tenant
+    query[SIG] = _mac(key, scope, path, expires, by, tenant)
+    return query
 
 
 def holder(principal: Principal) -> str:
@@ -203,14 +210,16 @@ def has_signature(query: Mapping[str, str]) -> bool:
 def verify_signed(key: bytes, query: Mapping[str, str], path: str, now: float) -> Principal:
     """The principal a signed URL stands for, or 401 (bad signature, other path, expired)."""
     scope, by, sig = query.get(SIG_SCOPE, ""), query.get(SIG_BY, ""), query.get(SIG, "")
+    tenant = query.get(SIG_TENANT, "")
     try:
         expires = int(query.get(SIG_EXPIRES, ""))
     except ValueError:
         raise unauthorized("signed URL without a valid expiry") from None
     if scope not in SIGNED_SCOPES:
         raise unauthorized("signed URL with an unknown scope")
-    if not hmac.compare_digest(_mac(key, scope, path, expires, by).encode(), _utf8(sig)):
+    if not hmac.compare_digest(_mac(key, scope, path, expires, by, tenant).encode(), _utf8(sig)):
         raise unauthorized("signed URL signature does not match")
     if now >= expires:
         raise unauthorized("signed URL expired")
-    return Principal(f"signed:{by}", Grants({scope: (path,)}), expires_at=float(expires), only_path=path)
+    grants = Grants({scope: (path,)})
+    return Principal(f"signed:{by}", grants, expires_at=float(expires), only_path=path, tenant=tenant or None)

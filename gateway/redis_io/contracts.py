@@ -275,6 +275,14 @@ class TenantLiveTaken(NamedTuple):  # 'ok'
     usage: bytes
 
 
+class TenantRenewArgv(NamedTuple):
+    lease_ms: int
+
+
+class TenantRenewed(NamedTuple):
+    renewed: int
+
+
 class TenantSweepArgv(NamedTuple):
     tenant: str
 
@@ -298,6 +306,7 @@ class ForkRefArgv(NamedTuple):
     how: str  # 'pin' | 'weak' | 'stamp'
     uid: str
     anchor: int = -1  # Stream-Fork-Offset's position (-1: the tail)
+    tenant: str = ""  # the forking request's ('' none)
 
 
 class ForkReferenced(NamedTuple):  # 'ok'
@@ -343,6 +352,7 @@ class SnapshotSetArgv(NamedTuple):
     position: int
     content_type: str
     file: str
+    tenant: str = ""  # the publishing request's ('' none)
 
 
 class SnapshotSet(NamedTuple):  # 'ok'
@@ -699,6 +709,7 @@ FORK_REF = Script("fork_ref", ForkRefArgv, replies={"ok": ForkReferenced})
 RELEASE_FORK = Script("release_fork", ReleaseForkArgv, replies={"collected": ForkReleased})
 # Tenants (features/tenants.py): what streams that ended without a script held, given back.
 TENANT_SWEEP = Script("tenant_sweep", TenantSweepArgv, tail="streams", reply=TenantSwept)
+TENANT_RENEW = Script("tenant_renew", TenantRenewArgv, tail="members", reply=TenantRenewed)
 TENANT_LIVE = Script("tenant_live", TenantLiveArgv, replies={"ok": TenantLiveTaken, "quota": QuotaRefused})
 # The stream index (features/listing.py): the listing's look at a stream it found there, and
 # migrate's step that lists streams made before the index (layout.py).

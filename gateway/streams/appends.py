@@ -156,6 +156,7 @@ class Appends:
         self._plain_parts = not scripts.cluster  # a large append's parts as plain commands
         # A stream's keys for append.lua, made once rather than six f-strings per append.
         self._keys: dict[str, list[str]] = {}
+        self._tenants: dict[str, tuple[int, list[str]]] = {}  # tenant -> (hour, its keys then)
         self._batcher: Batcher[Queued, Any] = Batcher(
             self._append_batch,
             max_items=MAX_BATCH_ENTRIES,
@@ -379,9 +380,19 @@ class Appends:
                 args += batch[i][2]
             order += indexes
         if tenant:
-            script_keys += keys.tenant_keys(tenant, time.time())
+            script_keys += self._tenant_keys(tenant)
         script_keys.append(keys.subs_outbox(batch[part[0]][0], self.scripts.cluster))
         return script_keys, args, order
+
+    def _tenant_keys(self, tenant: str) -> list[str]:
+        """A tenant's five keys this hour (keys.tenant_keys), made once an hour."""
+        hour = keys.meter_hour(time.time())
+        found = self._tenants.get(tenant)
+        if found is None or found[0] != hour:
+            if len(self._tenants) >= _KEYS_KEPT:
+                self._tenants.clear()
+            found = self._tenants[tenant] = (hour, keys.tenant_keys(tenant, hour))
+        return found[1]
 
     def _stream_keys(self, sid: str) -> list[str]:
         """A stream's part of append.lua's KEYS: its five keys, then its subscription links."""

@@ -94,19 +94,22 @@ class Forks:
         self.page_bytes = page_bytes
 
     async def reference(
-        self, sid: str, src: str, pin: bool, fork_offset: str | None = None
+        self, sid: str, src: str, pin: bool, fork_offset: str | None = None, tenant: str = ""
     ) -> tuple[Meta, bool]:
         """Step 1: the source's meta (with its incarnation id, given now if it had
         none) and whether this call recorded ``sid`` in its forks. Pinning, the fork
         is recorded in a set, so a retry counts once; if we stop before the fork is
         created the extra record only delays the source's collection (see
         ``release_unless_forked``). Weak, nothing is recorded. A compacted source refuses
-        a ``fork_offset`` in its compacted part (409) before anything changes."""
+        a ``fork_offset`` in its compacted part (409), and another ``tenant``'s source is not
+        forked (403), before anything changes."""
         anchor = -1 if fork_offset is None else offsets.decode(fork_offset)
         result = await self.scripts.on_stream(
-            FORK_REF.name, src, *ForkRefArgv(sid, "pin" if pin else "weak", _new_uid(), anchor)
+            FORK_REF.name, src, *ForkRefArgv(sid, "pin" if pin else "weak", _new_uid(), anchor, tenant)
         )
         status = status_of(result)
+        if status == "foreign":
+            raise ProtocolError(403, "the fork source belongs to another tenant")
         if status == "compacted":
             raise _in_compacted_part(int(result[1]))
         if status == "missing":

@@ -159,7 +159,7 @@ class Store:
                 sid, spec, content_type, normalize_content_type(content_type), spec.expiry, fork=None
             )
         src = spec.fork_from
-        source, added = await self._forks.reference(sid, src, spec.pin_source, spec.fork_offset)
+        source, added = await self._forks.reference(sid, src, spec.pin_source, spec.fork_offset, spec.tenant)
         # Only a record this call added is dropped below: an existing one is the fork's
         # (or a concurrent create's) own, and a weak reference records nothing.
         uid = source.uid or ""
