@@ -15,11 +15,11 @@ import asyncio
 import json
 import statistics
 from dataclasses import asdict
-from pathlib import Path
 
 import aiohttp
 
 from .appends import run_appends
+from .report import publish
 from .servers import start, use_uvloop
 
 MODES = {"off": (), "on": ("--tenants", "--tenant-paths", "=bench")}
@@ -39,7 +39,7 @@ def _median(runs: list[dict], figure: str) -> float | None:
     return round(statistics.median(values), 1) if values else None
 
 
-def table(results: dict[str, dict[str, list[dict]]]) -> str:
+def table(results: dict[str, dict[str, list[dict]]]) -> list[str]:
     lines = [
         "| scenario | appends/s off | appends/s on | on/off "
         "| gateway µs/append off / on | Redis µs/append off / on |",
@@ -52,7 +52,7 @@ def table(results: dict[str, dict[str, list[dict]]]) -> str:
         gw = f"{_median(off, FIGURES[1])} / {_median(on, FIGURES[1])}"
         rd = f"{_median(off, FIGURES[2])} / {_median(on, FIGURES[2])}"
         lines.append(f"| {scenario} | {rate_off:,.0f} | {rate_on:,.0f} | {ratio} | {gw} | {rd} |")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def main() -> None:
@@ -79,11 +79,7 @@ def main() -> None:
                     results[mode][scenario].append(r)
                     figures = " ".join(f"{f}={r.get(f)}" for f in FIGURES)
                     print(f"tenants {mode:<4} {scenario:<22} {figures} errors={r['errors']}", flush=True)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
-    out.with_suffix(".md").write_text(table(results))
-    print(table(results))
+    publish(args.out, results, table(results))
 
 
 if __name__ == "__main__":

@@ -130,11 +130,10 @@ def wait_ready(port: int, proc: subprocess.Popen[bytes], seconds: float = 30) ->
     raise AssertionError("gateway did not become ready")
 
 
-@contextlib.contextmanager
-def gateway_process(redis_url: str, log: Path, *flags: str) -> Iterator[str]:
+def started_gateway(redis_url: str, log: Path, *flags: str) -> tuple[subprocess.Popen[bytes], str]:
     """``python -m gateway serve`` as users start it (its defaults, ``flags`` added; none of
-    this shell's DURABLE_STREAMS_ settings but the shutdown delay) on a free port, for the
-    block: its stream base URL. Stopped with SIGTERM, as Kubernetes stops it."""
+    this shell's DURABLE_STREAMS_ settings but the shutdown delay) on a free port, once ready:
+    the process (the caller stops it, or kills it) and its stream base URL."""
     port = free_port()
     env = {
         k: v
@@ -149,7 +148,20 @@ def gateway_process(redis_url: str, log: Path, *flags: str) -> Iterator[str]:
         )  # fmt: skip
     try:
         wait_ready(port, proc)
-        yield f"http://127.0.0.1:{port}/v1/stream"
+    except BaseException:
+        proc.kill()
+        proc.wait(10)
+        raise
+    return proc, f"http://127.0.0.1:{port}/v1/stream"
+
+
+@contextlib.contextmanager
+def gateway_process(redis_url: str, log: Path, *flags: str) -> Iterator[str]:
+    """``started_gateway`` for the block: its stream base URL. Stopped with SIGTERM, as
+    Kubernetes stops it."""
+    proc, url = started_gateway(redis_url, log, *flags)
+    try:
+        yield url
     finally:
         proc.send_signal(signal.SIGTERM)
         try:

@@ -12,7 +12,6 @@ the reads go to the gateway that lives, and are checked to the byte."""
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import re
 import signal
@@ -30,7 +29,7 @@ from gateway.archive.files import Archive
 from workers.meter import GRACE_SECONDS, Meter
 from workers.usage_bill import local_sums
 
-from .conftest import free_port, gateway_process, ready_worker, wait_ready
+from .conftest import gateway_process, ready_worker, started_gateway
 
 TEXT = {"Content-Type": "text/plain"}
 PLAIN = {"Accept-Encoding": "identity"}  # bytes out are counted as sent: compare them uncompressed
@@ -50,28 +49,13 @@ async def test_parquet_usage_equals_what_the_clients_saw(own_redis, http, tmp_pa
     rules = " ".join(f"{t}/={t}" for t in tenants)
     archive = tmp_path / "archive"
     flags = ("--tenants", "--tenant-paths", rules, "--archive-url", str(archive), "--log-level", "error")
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DURABLE_STREAMS_") and k != "REDIS_URL"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "gateway",
-        "serve",
-        "--port",
-        str(port),
-        "--redis-url",
-        own_redis.url,
-        *flags,
-    ]
-    with (tmp_path / "doomed.log").open("w") as log:
-        doomed_proc = subprocess.Popen(cmd, env=env, stderr=log)
-    worker = _archive_worker(own_redis.url, archive)
     created: Counter[str] = Counter()
     deleted: Counter[str] = Counter()
     held: dict[str, bytes] = {}  # what each stream held at the end, the deleted ones too
+    doomed_proc, doomed = started_gateway(own_redis.url, tmp_path / "doomed.log", *flags)
+    worker = doomed_proc  # (until the worker starts: what the cleanup below kills)
     try:
-        wait_ready(port, doomed_proc)
-        doomed = f"http://127.0.0.1:{port}/v1/stream"
+        worker = _archive_worker(own_redis.url, archive)
         with gateway_process(own_redis.url, tmp_path / "lives.log", *flags) as lives:
             streams = {t: [f"{t}/s{i}" for i in range(6)] for t in tenants}
             for tenant, paths in streams.items():

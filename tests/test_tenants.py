@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import random
+import signal
 import time
 import uuid
 from pathlib import Path
@@ -455,24 +456,14 @@ async def test_live_connections_are_capped_across_gateways(redis_url, http) -> N
 
 
 async def test_a_killed_gateways_connections_leave_the_count(redis_url, http, tmp_path: Path) -> None:
-    import signal
-    import subprocess
-    import sys
-
     from gateway.features.tenant_live import LEASE_SECONDS
 
-    from .conftest import free_port, wait_ready
+    from .conftest import started_gateway
 
     tenant = _name()
     rules = f"{tenant}/={tenant}"
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DURABLE_STREAMS_") and k != "REDIS_URL"}
-    cmd = [sys.executable, "-m", "gateway", "serve", "--port", str(port), "--redis-url", redis_url]
-    with (tmp_path / "gateway.log").open("w") as log:
-        proc = subprocess.Popen([*cmd, "--tenants", "--tenant-paths", rules], env=env, stderr=log)
+    proc, doomed = started_gateway(redis_url, tmp_path / "gateway.log", "--tenants", "--tenant-paths", rules)
     try:
-        wait_ready(port, proc)
-        doomed = f"http://127.0.0.1:{port}/v1/stream"
         async with serving(redis_url, tenants=True, tenant_paths=rules) as other:
             await _quotas(http, other, tenant, {"live_connections": 3})
             async with http.put(f"{other}/{tenant}/k", headers=TEXT) as r:
@@ -631,7 +622,9 @@ async def test_a_stream_made_before_tenants_is_adopted_by_its_first_write(redis_
         await _quotas(http, base, tenant, {"stored_bytes": 10})
         async with http.post(f"{base}/{path}", data=b"x" * 11, headers=TEXT) as r:
             assert r.status == 403  # refused: nothing changed, not adopted either
-        async with http.post(f"{base}/{path}", data=b'"x"', headers={"Content-Type": "application/json"}) as r:
+        async with http.post(
+            f"{base}/{path}", data=b'"x"', headers={"Content-Type": "application/json"}
+        ) as r:
             assert r.status == 409  # refused by the protocol's own check: not adopted
         async with http.get(f"{base}/__ds/tenants/{tenant}") as r:
             assert (await r.json())["usage"]["streams"] == 0
