@@ -14,16 +14,17 @@
 -- made while tenants were off is taken by the first tenant that writes it (its bytes from
 -- then on count). Another tenant's stream is not written: 'foreign'.
 local TN = nil  -- the bound tenant (a table), nil for a call made for none
+local T_KEY, T_DEFAULTS, T_INDEX, T_OWNED, T_METER  -- its keys, once bound
 
 local function tenant_bind(k, name, now)
   if not name or name == '' then return end
-  local t = {key = KEYS[k], defaults = KEYS[k + 1], index = KEYS[k + 2], owned = KEYS[k + 3],
-    meter = KEYS[k + 4], name = name, appends = 0, bytes_in = 0, created = 0, deleted = 0,
-    grown = {}}  -- stream id -> bytes stored in it by this call, added to 'owned' at the end
-  local own = redis.call('HMGET', t.key, 'q.streams', 'q.stored_bytes', 'q.written_bytes',
+  T_KEY, T_DEFAULTS, T_INDEX, T_OWNED, T_METER = KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4]
+  local t = {name = name, appends = 0, bytes_in = 0, created = 0, deleted = 0,
+    grown = {}}  -- stream id -> bytes stored in it by this call, added to T_OWNED at the end
+  local own = redis.call('HMGET', T_KEY, 'q.streams', 'q.stored_bytes', 'q.written_bytes',
     'q.written_period_seconds', 'u.streams', 'u.stored_bytes', 'u.written_bytes', 'u.period_start',
     'u.stored_at')
-  local def = redis.call('HMGET', t.defaults, 'q.streams', 'q.stored_bytes', 'q.written_bytes',
+  local def = redis.call('HMGET', T_DEFAULTS, 'q.streams', 'q.stored_bytes', 'q.written_bytes',
     'q.written_period_seconds')
   local function quota(i) local v = own[i] or def[i]; return v and tonumber(v) or nil end
   t.q_streams, t.q_stored, t.q_written = quota(1), quota(2), quota(3)
@@ -61,9 +62,9 @@ end
 -- (deleted, expired, made anew, ...): given back. Nothing when the tenant holds no such stream.
 local function tenant_release(sid)
   if not TN then return end
-  local bytes = redis.call('HGET', TN.owned, sid)
+  local bytes = redis.call('HGET', T_OWNED, sid)
   if not bytes then return end
-  redis.call('HDEL', TN.owned, sid)
+  redis.call('HDEL', T_OWNED, sid)
   TN.streams, TN.stored = math.max(0, TN.streams - 1), math.max(0, TN.stored - tonumber(bytes))
   TN.deleted = TN.deleted + 1
   TN.dirty = true
@@ -77,7 +78,7 @@ local function tenant_adopt(m)
   tenant_release(sid)  -- an earlier stream of this name it still held (expired, not swept yet)
   m.tn = TN.name
   redis.call('HSET', META, 'tn', TN.name)
-  redis.call('HSET', TN.owned, sid, '0')
+  redis.call('HSET', T_OWNED, sid, '0')
   TN.streams, TN.created = TN.streams + 1, TN.created + 1
   TN.dirty = true
 end
@@ -86,7 +87,7 @@ end
 local function tenant_charge(bytes, new_stream)
   if not TN then return end
   if new_stream then
-    redis.call('HSET', TN.owned, stream_sid(), fmt(bytes))
+    redis.call('HSET', T_OWNED, stream_sid(), fmt(bytes))
     TN.streams, TN.created = TN.streams + 1, TN.created + 1
   elseif bytes > 0 then  -- (once a call per stream: a batch holds many appends to one)
     local sid = stream_sid()
@@ -105,15 +106,15 @@ local function tenant_save()
   if not TN or not TN.dirty then return end
   local seconds = math.max(0, math.floor((TN.now - TN.stored_at) / 1000))
   local stored_at = math.min(TN.now, TN.stored_at + seconds * 1000)
-  redis.call('HSET', TN.key, 'u.streams', fmt(TN.streams), 'u.stored_bytes', fmt(TN.stored),
+  redis.call('HSET', T_KEY, 'u.streams', fmt(TN.streams), 'u.stored_bytes', fmt(TN.stored),
     'u.written_bytes', fmt(TN.written), 'u.period_start', fmt(TN.period_start), 'u.stored_at', fmt(stored_at))
-  for sid, bytes in pairs(TN.grown) do redis.call('HINCRBY', TN.owned, sid, fmt(bytes)) end
+  for sid, bytes in pairs(TN.grown) do redis.call('HINCRBY', T_OWNED, sid, fmt(bytes)) end
   TN.grown = {}
-  if TN.created > 0 then redis.call('SADD', TN.index, TN.name) end  -- (listed from its first stream)
+  if TN.created > 0 then redis.call('SADD', T_INDEX, TN.name) end  -- (listed from its first stream)
   local counts = {appends = TN.appends, bytes_in = TN.bytes_in, streams_created = TN.created,
     streams_deleted = TN.deleted, stored_byte_seconds = TN.stored_before * seconds}
   for counter, n in pairs(counts) do
-    if n > 0 then redis.call('HINCRBY', TN.meter, TN.name .. ' ' .. counter, fmt(n)) end
+    if n > 0 then redis.call('HINCRBY', T_METER, TN.name .. ' ' .. counter, fmt(n)) end
   end
   TN.dirty = false
 end

@@ -16,7 +16,7 @@ TN.dirty = true
 for k = 2, #ARGV do
   local meta = KEYS[k + 4]
   local tn = redis.call('HGET', meta, 'tn')
-  if tn ~= ARGV[1] and redis.call('HEXISTS', TN.owned, ARGV[k]) == 1 then
+  if tn ~= ARGV[1] and redis.call('HEXISTS', T_OWNED, ARGV[k]) == 1 then
     tenant_release(ARGV[k])
     released = released + 1
   end

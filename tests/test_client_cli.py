@@ -480,3 +480,15 @@ async def test_tenants(cli: Cli, redis_url: str) -> None:
         assert code != 0 and "unknown quota 'nope'" in err
         code, out, _ = await cli("tenants", "_defaults", "--url", base)
         assert code == 0 and json.loads(out)["tenant"] == "_defaults"
+
+
+async def test_a_tenants_usage_from_the_command_line(cli: Cli, redis_url: str) -> None:
+    tenant = f"cli{uuid.uuid4().hex[:8]}"
+    async with serving(redis_url, tenants=True, tenant_paths=f"{tenant}/={tenant}") as base:
+        code, _, _ = await cli("create", f"{tenant}/u", "--url", base, "--content-type", "text/plain", "abcd")
+        assert code == 0
+        code, out, err = await cli("tenants", tenant, "--url", base, "--usage")
+        assert code == 0, err
+        assert "bytes_in=4" in out.decode() and "streams_created=1" in out.decode()
+        code, _, err = await cli("tenants", "--url", base, "--usage")
+        assert code == 2 and "need a TENANT" in err

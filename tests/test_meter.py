@@ -25,10 +25,11 @@ import pytest
 import redis.asyncio as aioredis
 
 from gateway.archive.files import Archive
+from gateway.archive.usage import USAGE_DIR, hour_dir, usage_file
 from gateway.redis_io import keys, layout
 from gateway.redis_io.limits import STEP_BYTES
 from workers import usage_bill
-from workers.meter import GRACE_SECONDS, USAGE_DIR, Meter, hour_dir, part_of, usage_file, usage_table
+from workers.meter import GRACE_SECONDS, Meter, part_of, usage_table
 
 from .conftest import ready_worker, serving, stop_gracefully
 

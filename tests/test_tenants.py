@@ -650,3 +650,40 @@ def test_a_signed_url_carries_its_minters_tenant() -> None:
         access.verify_signed(key, {k: v for k, v in query.items() if k != access.SIG_TENANT}, "acme/x", 1_000)
     plain = access.sign(key, "read", "acme/x", 2_000, "token:w")  # as before tenants: v1
     assert access.SIG_TENANT not in plain and access.verify_signed(key, plain, "acme/x", 1_000).tenant is None
+
+
+async def test_a_tenants_usage_history(redis_url, http, redis, tmp_path: Path) -> None:
+    """GET …/tenants/<name>/usage: per UTC day, what the usage files hold and what Redis still
+    holds, added up; bad days are 400."""
+    from datetime import UTC, datetime
+
+    from gateway.archive.files import Archive
+    from workers.meter import GRACE_SECONDS, Meter
+
+    tenant = _name()
+    archive = str(tmp_path / "archive")
+    async with serving(
+        redis_url, tenants=True, tenant_paths=f"{tenant}/={tenant}", archive_url=archive
+    ) as base:
+        async with http.put(f"{base}/{tenant}/h", data=b"12345", headers=TEXT) as r:
+            assert r.status == 201
+        # This hour's counts moved to a usage file as if it had closed, then more in Redis.
+        await Meter(redis, Archive(archive)).flush_once(time.time() + 3600 + GRACE_SECONDS + 1)
+        async with http.post(f"{base}/{tenant}/h", data=b"678", headers=TEXT) as r:
+            assert r.status == 204
+        async with http.get(f"{base}/__ds/tenants/{tenant}/usage") as r:
+            assert r.status == 200, await r.text()
+            found = await r.json()
+        today = datetime.now(UTC).date().isoformat()
+        (day,) = found["days"]
+        assert day["day"] == today and found["to"] == today
+        assert (day["usage"]["bytes_in"], day["usage"]["appends"], day["usage"]["streams_created"]) == (
+            8,
+            1,
+            1,
+        )
+        for query in ("from=2026-13-01", "from=2026-01-10&to=2026-01-01", "from=2020-01-01&to=2026-01-01"):
+            async with http.get(f"{base}/__ds/tenants/{tenant}/usage?{query}") as r:
+                assert r.status == 400, query
+        async with http.get(f"{base}/__ds/tenants/{tenant}/usage?from=2001-01-01&to=2001-01-02") as r:
+            assert (await r.json())["days"] == []

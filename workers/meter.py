@@ -61,13 +61,13 @@ import os
 import random
 import time
 import uuid
-from datetime import UTC, datetime
 
 import pyarrow as pa
 import redis.asyncio as aioredis
 from redis.exceptions import WatchError
 
 from gateway.archive.files import Archive
+from gateway.archive.usage import usage_file
 from gateway.concurrency.cancelling import raise_if_cancelled
 from gateway.protocol.models import text
 from gateway.redis_io import keys
@@ -82,7 +82,6 @@ limited = RateLimited(log, every=60.0)
 
 GRACE_SECONDS = 120.0  # after an hour ends, before it is moved: late counts land first
 INTERVAL_SECONDS = float(os.environ.get("DURABLE_STREAMS_METER_INTERVAL_SECONDS") or 30.0)
-USAGE_DIR = "_usage"  # under the archive root; '_': Spark's listing of the root skips it
 WATCH_TRIES = 20  # a MULTI losing its WATCH this often in a row: next round
 
 SCHEMA = pa.schema(
@@ -93,16 +92,6 @@ SCHEMA = pa.schema(
         pa.field("value", pa.int64(), nullable=False),
     ]
 )
-
-
-def hour_dir(hour: int) -> str:
-    """The directory of an hour's files: ``hour=2026-01-31T13`` (no ':' in object names)."""
-    return f"hour={datetime.fromtimestamp(hour, UTC):%Y-%m-%dT%H}"
-
-
-def usage_file(hour: int, part: str) -> str:
-    """A part's file, relative to the archive root: the same part, the same name."""
-    return f"{USAGE_DIR}/{hour_dir(hour)}/{part}.parquet"
 
 
 def part_of(part_key: str) -> str:

@@ -16,9 +16,10 @@ Output under ``--out``: ``parquet/`` and/or ``csv/`` (``--format parquet|csv|bot
 a header), replaced whole. Spark writes them as Spark does (a part file and ``_SUCCESS``),
 ``--local`` as ``parquet/bill.parquet`` and ``csv/bill.csv``.
 
-The bill's rules are defined once, here: which rows (``hour_window``: a row counts on the
-UTC day its hour starts in), what is summed (``value`` over tenant, day and counter) and
-the bill's shape (``bill_of``: the pivot, the zeros, the order). The engines only read the
+The bill's rules are defined once: which rows (gateway/archive/usage.py's ``hour_window``: a
+row counts on the UTC day its hour starts in, shared with the tenants API's history), what
+is summed (``value`` over tenant, day and counter) and the bill's shape (``bill_of`` here:
+the pivot, the zeros, the order). The engines only read the
 files and sum: Spark (``spark_sums``) for archives of any size, pyarrow (``local_sums``)
 for tests and operators without Spark. Both hand their sums (one per tenant, day and
 counter: small) to ``bill_of``.
@@ -33,55 +34,24 @@ from __future__ import annotations
 import argparse
 import io
 import os
-import re
 import sys
 from collections import defaultdict
 from collections.abc import Iterable
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, date, datetime
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
 from gateway.archive.files import Archive
-from workers.meter import USAGE_DIR
+from gateway.archive.usage import DAY_MS, USAGE_DIR, Sum, hour_dirs, hour_window, sums
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-DAY_MS = 86_400_000
-EPOCH = date(1970, 1, 1)
 KEY = ("tenant", "day")
-_HOUR_DIR = re.compile(r"hour=(\d{4}-\d{2}-\d{2})T\d{2}")
-
-Sum = tuple[str, date, str, int]  # (tenant, day, counter, sum of value)
 
 
 # --- The rules ---
-
-
-def hour_window(first: date | None, last: date | None) -> tuple[int | None, int | None]:
-    """The hours (``hour`` in Unix ms) a bill of the days [first, last] counts: [start, end)."""
-    start = (first - EPOCH).days * DAY_MS if first else None
-    end = ((last - EPOCH).days + 1) * DAY_MS if last else None
-    return start, end
-
-
-def day_of(hour_ms: int) -> date:
-    """The UTC day a usage row counts on: the one its hour starts in."""
-    return EPOCH + timedelta(days=hour_ms // DAY_MS)
-
-
-def hour_dirs(names: Iterable[str], first: date | None, last: date | None) -> list[str]:
-    """The ``hour=`` directory names whose day is in [first, last] (a listing's pruning:
-    the rows are still filtered by their ``hour``)."""
-    chosen = []
-    for name in names:
-        match = _HOUR_DIR.fullmatch(name)
-        if match:
-            day = date.fromisoformat(match.group(1))
-            if (first is None or first <= day) and (last is None or day <= last):
-                chosen.append(name)
-    return sorted(chosen)
 
 
 def bill_of(sums: Iterable[Sum]) -> pa.Table:
@@ -110,20 +80,7 @@ def bill_of(sums: Iterable[Sum]) -> pa.Table:
 
 def local_sums(archive: str, first: date | None = None, last: date | None = None) -> list[Sum]:
     """The sums of the usage files under ``archive`` (an fsspec URL) in [first, last]."""
-    usage = Archive(f"{archive.rstrip('/')}/{USAGE_DIR}")
-    start, end = hour_window(first, last)
-    every = usage.files()  # (none when there is no _usage/ yet)
-    chosen = set(hour_dirs({f.split("/", 1)[0] for f in every}, first, last))
-    files = [f for f in every if f.split("/", 1)[0] in chosen]
-    sums: dict[tuple[str, date, str], int] = defaultdict(int)
-    for file in files:
-        table = usage.read(file, ["hour", "tenant", "counter", "value"])
-        table = table.set_column(0, "hour", table.column("hour").cast(pa.int64()))  # Unix ms
-        for row in table.to_pylist():
-            hour = row["hour"]
-            if (start is None or hour >= start) and (end is None or hour < end):
-                sums[(row["tenant"], day_of(hour), row["counter"])] += row["value"]
-    return [(t, d, c, v) for (t, d, c), v in sums.items()]
+    return sums(archive, first, last)
 
 
 def local_bill(archive: str, first: date | None = None, last: date | None = None) -> pa.Table:

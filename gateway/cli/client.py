@@ -170,6 +170,11 @@ def _register(commands: argparse._SubParsersAction[Any]) -> None:
         "--set", action="append", default=[], metavar="QUOTA=N", help="change a quota (N or none); repeatable"
     )
     parser.add_argument("--limit", type=int, default=100, help="list at most this many [default: 100]")
+    parser.add_argument("--usage", action="store_true", help="TENANT's usage per UTC day (its history)")
+    parser.add_argument(
+        "--from", dest="since", metavar="DAY", help="--usage from this day, YYYY-MM-DD [default: 6 days ago]"
+    )
+    parser.add_argument("--to", dest="until", metavar="DAY", help="--usage up to this day [default: today]")
     parser.description = (
         "The tenants (server started with --tenants; GET <url>/__ds/tenants, needs admin access): "
         "usage/quota of each, those storing the most first; TENANT: one's (its own token may read it); "

@@ -52,8 +52,8 @@ async def tenants(args: argparse.Namespace) -> int:
     async with connect(args) as client:
         base = stream_url(args.url, TENANTS)
         if args.tenant is None:
-            if args.set:
-                raise Failure(USAGE, "--set needs a TENANT (or _defaults)")
+            if args.set or args.usage:
+                raise Failure(USAGE, "--set and --usage need a TENANT")
             page = json.loads(
                 (await client.call("GET", base, params={"limit": str(args.limit)}, ok=(200,))).body
             )
@@ -64,6 +64,15 @@ async def tenants(args: argparse.Namespace) -> int:
                     print(_line(found))
             return OK
         url = f"{base}/{quote(args.tenant, safe='')}"
+        if args.usage:
+            params = {k: v for k, v in (("from", args.since), ("to", args.until)) if v}
+            history = json.loads((await client.call("GET", f"{url}/usage", params=params, ok=(200,))).body)
+            if args.json:
+                print_json(history)
+            for day in [] if args.json else history["days"]:
+                counts = " ".join(f"{c}={n}" for c, n in sorted(day["usage"].items()))
+                print(f"{day['day']}  {counts}")
+            return OK
         if args.set:
             body = json.dumps(parse_assignments(args.set)).encode()
             headers = {"Content-Type": "application/merge-patch+json"}

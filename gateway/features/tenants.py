@@ -13,8 +13,12 @@ import logging
 import random
 import time
 import uuid
+from collections import defaultdict
+from datetime import date
 from typing import Any
 
+from ..archive import usage
+from ..archive.files import Archive
 from ..concurrency.cancelling import raise_if_cancelled
 from ..protocol import tenants
 from ..protocol.models import text
@@ -28,6 +32,7 @@ limited = RateLimited(log)
 
 SWEEP_SECONDS = 30.0  # how often one gateway (whoever takes keys.TENANT_SWEEP) sweeps every tenant
 SWEEP_PAGE = 200  # streams one tenant_sweep.lua call looks at (an HSCAN page)
+UNMOVED_HOURS = 48  # a history looks for counts not yet in the usage files this far back
 DEFAULTS = "_defaults"  # the defaults' name in the API (no tenant's: names start with a letter or digit)
 
 
@@ -36,9 +41,10 @@ def _fields(raw: dict[Any, Any]) -> dict[str, str]:
 
 
 class Tenants:
-    def __init__(self, scripts: Scripts) -> None:
+    def __init__(self, scripts: Scripts, archive: Archive | None = None) -> None:
         self.redis = scripts.redis
         self.scripts = scripts
+        self.archive = archive  # where the meter's usage files are (gateway/archive/usage.py)
 
     async def defaults(self) -> dict[str, int]:
         """The quotas every tenant starts from (those set)."""
@@ -115,6 +121,32 @@ class Tenants:
         """``sweep`` of every tenant."""
         names = sorted(text(n) for n in await self.redis.smembers(keys.TENANT_INDEX))
         return sum([await self.sweep(name) for name in names])
+
+    async def history(self, name: str, first: date, last: date) -> dict[date, dict[str, int]]:
+        """The tenant's usage per UTC day in [first, last], counter by counter: the archive's
+        usage files (read in a thread) and what Redis holds not yet moved there (the last
+        UNMOVED_HOURS, parts being moved). Exact between moves; a move that runs meanwhile
+        may show its counts twice or not yet (read again)."""
+        days: dict[date, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        if self.archive is not None:
+            for _, day, counter, value in await asyncio.to_thread(
+                usage.sums, self.archive.url, first, last, name
+            ):
+                days[day][counter] += value
+        # Redis: the hours of the last UNMOVED_HOURS (the meter moves an hour two minutes
+        # after it ends), and the parts being moved, by name: no SCAN of the keyspace.
+        start, end = usage.hour_window(first, last)
+        now = int(time.time()) // 3600 * 3600
+        hours = range(now - UNMOVED_HOURS * 3600, now + 3600, 3600)
+        pending = [keys.meter(h) for h in hours]
+        pending += [text(k) for k in (await self.redis.hgetall(keys.METER_FLUSHING)).values()]
+        for key in pending:
+            hour_ms = int(key.split(":")[2]) * 1000  # ds:meter:<hour>, ds:meter-part:<hour>:<part>
+            if (start is not None and hour_ms < start) or (end is not None and hour_ms >= end):
+                continue
+            async for field, value in self.redis.hscan_iter(key, match=f"{name} *", count=1000):
+                days[usage.day_of(hour_ms)][text(field).partition(" ")[2]] += int(value)
+        return {day: dict(counters) for day, counters in sorted(days.items())}
 
     async def run(self) -> None:
         """Every SWEEP_SECONDS, one gateway of the fleet sweeps every tenant."""

@@ -4,6 +4,9 @@
 - ``GET .../tenants[?limit=100]``: the tenants, those storing the most first.
 - ``GET .../tenants/<name>``: its quotas (in force, its own) and usage now; ``_defaults``:
   the defaults. 404 for a tenant that never stored anything and has no quotas of its own.
+- ``GET .../tenants/<name>/usage[?from=YYYY-MM-DD&to=YYYY-MM-DD]``: its usage per UTC day,
+  counter by counter (the meter's usage files in the archive, and what Redis holds not yet
+  moved there); the last 7 days by default, at most MAX_HISTORY_DAYS.
 - ``PATCH .../tenants/<name>/quotas`` (or ``PUT``): a JSON merge patch of its quotas
   (``{"stored_bytes": 1000000, "streams": null}``; null: back to the default), applied
   whole or (400) not at all; ``_defaults`` changes the defaults. Writes see it at once.
@@ -14,6 +17,7 @@ entry. With access control off: anyone who can reach the port (loopback by defau
 
 from __future__ import annotations
 
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import orjson
@@ -28,6 +32,7 @@ from .context import gateway_of
 
 MAX_QUOTA_BODY = 4096  # a quota update: a few small numbers
 MAX_LIST = 1000
+MAX_HISTORY_DAYS = 92  # a usage history's longest span (it reads every usage file of those days)
 NO_STORE = {"Cache-Control": "no-store"}
 
 
@@ -62,6 +67,36 @@ async def get_tenant(request: web.Request) -> web.Response:
     name = _name(request)
     await gateway_of(request).guard.admit_tenants(request, name)
     return web.json_response(await _described(request, name), headers=NO_STORE, dumps=_dumps)
+
+
+def _day(request: web.Request, name: str, default: date) -> date:
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    try:
+        return date.fromisoformat(raw)
+    except ValueError:
+        raise bad_request(f"{name} must be a day, YYYY-MM-DD") from None
+
+
+async def get_usage(request: web.Request) -> web.Response:
+    name = _name(request)
+    if name == DEFAULTS:
+        raise ProtocolError(404, "the defaults have no usage")
+    await gateway_of(request).guard.admit_tenants(request, name)
+    today = datetime.now(UTC).date()
+    last = _day(request, "to", today)
+    first = _day(request, "from", last - timedelta(days=6))
+    if first > last or (last - first).days >= MAX_HISTORY_DAYS:
+        raise bad_request(f"from must not be after to, and at most {MAX_HISTORY_DAYS} days apart")
+    days = await _tenants(request).history(name, first, last)
+    body = {
+        "tenant": name,
+        "from": first.isoformat(),
+        "to": last.isoformat(),
+        "days": [{"day": day.isoformat(), "usage": counters} for day, counters in days.items()],
+    }
+    return web.json_response(body, headers=NO_STORE, dumps=_dumps)
 
 
 async def patch_quotas(request: web.Request) -> web.Response:
@@ -103,4 +138,5 @@ def routes(prefix: str) -> list[tuple[str, str, dict[str, Any]]]:
         ("tenants", base, {"GET": list_tenants}),
         ("tenant", f"{base}/{{name}}", {"GET": get_tenant}),
         ("tenant-quotas", f"{base}/{{name}}/quotas", {"PATCH": patch_quotas, "PUT": patch_quotas}),
+        ("tenant-usage", f"{base}/{{name}}/usage", {"GET": get_usage}),
     ]

@@ -100,7 +100,7 @@ class Store:
         self.snapshots = Snapshots(scripts, cold.archive)
         self.subscriptions = Subscriptions(scripts)
         self.stats = Reader(scripts)
-        self.tenants = Tenants(scripts)
+        self.tenants = Tenants(scripts, cold.archive)
         self.tenant_live = LiveLeases(scripts)
         self.usage = UsageMeter(scripts, tenant_metrics_top)
         self._tenants_on = tenants  # --tenants: their sweep runs here
