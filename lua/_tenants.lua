@@ -17,7 +17,7 @@ local TN = nil  -- the bound tenant (a table), nil for a call made for none
 local T_KEY, T_DEFAULTS, T_INDEX, T_OWNED, T_METER  -- its keys, once bound
 
 local function tenant_bind(k, name, now)
-  if not name or name == '' then return end
+  if not name or name == '' or name == '-' then return end
   T_KEY, T_DEFAULTS, T_INDEX, T_OWNED, T_METER = KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4]
   local t = {name = name, appends = 0, bytes_in = 0, created = 0, deleted = 0,
     grown = {}}  -- stream id -> bytes stored in it by this call, added to T_OWNED at the end
@@ -80,6 +80,27 @@ local function tenant_adopt(m)
   redis.call('HSET', META, 'tn', TN.name)
   redis.call('HSET', T_OWNED, sid, '0')
   TN.streams, TN.created = TN.streams + 1, TN.created + 1
+  TN.dirty = true
+end
+
+-- An archive worker's call (retention, compaction) names the stream's tenant as it read the
+-- meta ('' none; '-' none counted: a Redis Cluster's, where tenants are off): whether that is
+-- not the stream's now (adopted since: tenant_adopt). Then the call changes nothing and
+-- answers {'tenant', name}: the worker calls again with it.
+local function tenant_other(m, name)
+  return name ~= '-' and (m.tn or '') ~= name
+end
+
+-- `bytes` the stream (META's) no longer stores for the bound tenant (retention dropped
+-- them, compaction dropped messages): given back, never more than the stream holds for it.
+local function tenant_shrink(bytes)
+  if not TN or bytes <= 0 then return end
+  local sid = stream_sid()
+  local held = tonumber(redis.call('HGET', T_OWNED, sid) or '0')
+  local back = math.min(bytes, held)
+  if back <= 0 then return end
+  redis.call('HSET', T_OWNED, sid, fmt(held - back))
+  TN.stored = math.max(0, TN.stored - back)
   TN.dirty = true
 end
 

@@ -150,10 +150,10 @@ local function append_one(ctn, close, sseq, pid, ep, sq, im, eo, token, total, f
   end
   local size, adopt = 0, false  -- the bytes it stores, for its tenant's quotas
   if TN then
-    if token ~= '' then
-      size = tonumber(string.match(total, ' (%d+)$'))
+    if token ~= '' then  -- (as offsets count them: a JSON entry's messages, not the '\n's between)
+      size = tonumber(string.match(total, '^(%d+)'))
     else
-      for k = first + 1, last, 2 do size = size + #ARGV[k] end
+      for k = first, last, 2 do size = size + tonumber(ARGV[k]) end
     end
     adopt = has_data and not m.tn  -- made while tenants were off: it becomes this tenant's
     local refusal = tenant_refuses(size, adopt)

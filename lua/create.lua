@@ -65,7 +65,7 @@ end
 -- An earlier stream of this name the tenant still holds is gone (it expired): given back.
 tenant_release(stream_sid())
 local size = 0
-for k = 24, #ARGV, 2 do size = size + #ARGV[k] end
+for k = 23, #ARGV, 2 do size = size + tonumber(ARGV[k]) end  -- (the positions: as offsets count)
 local refusal = tenant_refuses(size, true)
 if refusal then
   tenant_saved()

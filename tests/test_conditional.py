@@ -29,7 +29,7 @@ from gateway.redis_io.scripts import Scripts
 from gateway.streams.store import Store
 
 from .cluster import Cluster
-from .conftest import read_all, serving
+from .conftest import own_redis_server, read_all, serving
 from .test_live import evalsha_calls
 
 TEXT = {"Content-Type": "text/plain"}
@@ -329,12 +329,23 @@ async def race(http: aiohttp.ClientSession, targets: list[str], headers: dict[st
     return [r.status for r in await asyncio.gather(*sent)]
 
 
+@pytest.fixture
+async def quiet_redis(tmp_path) -> AsyncIterator[tuple[str, aioredis.Redis]]:
+    """A Redis of the test's own: script calls counted there are the test's alone (the
+    session's Redis counts whatever an earlier test left running as well)."""
+    with own_redis_server(tmp_path / "redis") as server:
+        client = aioredis.Redis.from_url(server.url)
+        yield server.url, client
+        await client.aclose()
+
+
 @pytest.mark.parametrize("condition", ["If_Match", "Stream_Expected_Offset"])
 async def test_one_racer_wins(
-    http: aiohttp.ClientSession, redis_url: str, redis: aioredis.Redis, condition: str
+    http: aiohttp.ClientSession, quiet_redis: tuple[str, aioredis.Redis], condition: str
 ) -> None:
     """Many appends with the same condition at once, on one gateway and across two: they
     batch (fewer script calls than appends), and exactly one of them is stored."""
+    redis_url, redis = quiet_redis
     async with serving(redis_url) as one, serving(redis_url) as two:
         for targets in ([one], [one, two]):
             name = f"race-{uuid.uuid4().hex[:10]}"
@@ -355,14 +366,14 @@ async def test_one_racer_wins(
 
 
 @pytest.fixture
-async def store(redis: aioredis.Redis, tmp_path) -> AsyncIterator[Store]:
-    scripts = Scripts(redis)
+async def store(quiet_redis: tuple[str, aioredis.Redis], tmp_path) -> AsyncIterator[Store]:
+    scripts = Scripts(quiet_redis[1])
     yield Store(scripts, ColdReader(Archive(str(tmp_path)), 1 << 20), max_chunk_bytes=1000)
     await scripts.close_held()  # (the client is the fixture's)
 
 
 async def test_each_append_of_a_batch_is_checked_as_the_earlier_ones_left_the_stream(
-    store: Store, redis: aioredis.Redis
+    store: Store, quiet_redis: tuple[str, aioredis.Redis]
 ) -> None:
     """Appends queued in order go to Redis in one call after the first: each one's
     condition sees what the earlier ones (of that call too) did."""
@@ -383,6 +394,7 @@ async def test_each_append_of_a_batch_is_checked_as_the_earlier_ones_left_the_st
     warm = keys.stream_id(f"warm-{uuid.uuid4().hex[:10]}")  # append.lua loaded: no NOSCRIPT retry counted
     await store.create(warm, CreateSpec("text/plain"))
     await store.append(warm, "text/plain", [(1, b"w")], close=False, stream_seq=None, producer=None)
+    redis = quiet_redis[1]
     before = await evalsha_calls(redis)
     tasks = [
         append(b"a", **at(0)),  # alone
@@ -404,12 +416,13 @@ async def test_each_append_of_a_batch_is_checked_as_the_earlier_ones_left_the_st
 
 
 async def test_a_stream_created_anew_at_once_is_another_incarnation(
-    store: Store, redis: aioredis.Redis
+    store: Store, quiet_redis: tuple[str, aioredis.Redis]
 ) -> None:
     """'created' names the incarnation (ETags, If-Match, live readers): a DELETE and a PUT
     back to back land in one millisecond often enough (unix socket round trips), and a
     stream created anew so must not take the created, so the ETags, of the one before:
     each creation at a path takes a later one than the last (keys.stream_born)."""
+    redis = quiet_redis[1]
     sid = keys.stream_id(f"reborn-{uuid.uuid4().hex[:10]}")
     seen: list[int] = []
     for _ in range(40):

@@ -29,7 +29,7 @@ from gateway.archive.usage import USAGE_DIR, hour_dir, usage_file
 from gateway.redis_io import keys, layout
 from gateway.redis_io.limits import STEP_BYTES
 from workers import usage_bill
-from workers.meter import GRACE_SECONDS, Meter, part_of, usage_table
+from workers.meter import FULL_SCAN_ROUNDS, GRACE_SECONDS, Meter, part_of, usage_table
 
 from .conftest import ready_worker, serving, stop_gracefully
 
@@ -259,7 +259,9 @@ async def test_a_slow_workers_finish_leaves_a_newer_part_alone(redis, tmp_path, 
 
 
 async def test_two_flushers_at_once_write_each_count_once(redis, tmp_path) -> None:
-    tenants, hours, expected = [_name(), _name()], _old_hours(6), Counter()
+    # (recent hours: after its first round, a flusher finds them by name)
+    tenants, expected = [_name(), _name()], Counter()
+    hours = [keys.meter_hour(time.time()) - i * 3600 for i in range(3, 9)]
     await _fill(redis, hours, tenants, expected)
     archive_dir = tmp_path / "archive"
     flushers = [Meter(redis, Archive(str(archive_dir))) for _ in range(3)]
@@ -281,6 +283,24 @@ async def test_two_flushers_at_once_write_each_count_once(redis, tmp_path) -> No
     await flushers[0].flush_once(time.time())
     assert _mine(_usage(archive_dir)[0], set(tenants)) == _mine(expected, set(tenants))
     assert await _leftovers(redis, set(hours)) == []
+
+
+async def test_recent_hours_are_found_by_name_and_old_ones_by_a_rare_scan(redis, tmp_path) -> None:
+    """A round looks the last LOOKBACK_HOURS up by name; a worker's first round, and one in
+    FULL_SCAN_ROUNDS, scans every key: an hour older than that is moved then."""
+    tenants, expected = [_name()], Counter()
+    recent, old = keys.meter_hour(time.time()) - 5 * 3600, _old_hours(1)[0]
+    meter = Meter(redis, Archive(str(tmp_path / "archive")))
+    await _fill(redis, [recent, old], tenants, expected)
+    await meter.flush_once(time.time())  # the first round: a scan
+    assert await _leftovers(redis, {recent, old}) == []
+    await _fill(redis, [recent, old], tenants, expected)
+    for _ in range(FULL_SCAN_ROUNDS - 1):
+        await meter.flush_once(time.time())  # by name: the old hour waits
+    assert await redis.exists(keys.meter(old)) and not await redis.exists(keys.meter(recent))
+    await meter.flush_once(time.time())  # a scan again
+    assert await _leftovers(redis, {recent, old}) == []
+    assert _mine(_usage(tmp_path / "archive")[0], set(tenants)) == _mine(expected, set(tenants))
 
 
 # -- real worker processes, SIGKILLed -----------------------------------------------

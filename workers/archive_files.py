@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import cast
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from gateway.archive.files import Archive
 from gateway.archive.schema import Row, to_table
@@ -170,10 +171,23 @@ class SegmentFiles:
             await self.remove(lease, inc, [Segment.parse(committed.replaced)])
         return True
 
-    async def retain(self, lease: Lease, inc: str, cutoff: int) -> None:
+    async def retain(
+        self, lease: Lease, inc: str, cutoff: int, committed: list[Segment], compacted: bool
+    ) -> None:
         """Retention: the committed segments archive_retain.lua drops (older than
-        ``cutoff``), their files removed."""
-        retained = ArchiveRetained(*await self.leases.fenced(ARCHIVE_RETAIN.name, lease, inc, cutoff))
+        ``cutoff``), their files removed. A segment's bytes go back to the stream's tenant:
+        its range, or, in a compacted stream (whose messages compaction dropped are in the
+        range, given back then), what its file holds."""
+        sizes: list[str] = []
+        if compacted:
+            for segment in committed:
+                if segment.last_ms >= cutoff:
+                    break
+                table = await asyncio.to_thread(self.archive.read, segment.file, ["data"])
+                held = pc.sum(pc.binary_length(table.column("data"))).as_py() or 0
+                sizes.append(f"{segment.start} {held}")
+        result = await self.leases.fenced(ARCHIVE_RETAIN.name, lease, inc, cutoff, *sizes)
+        retained = ArchiveRetained(*result)
         if retained.dropped:
             await self.remove(lease, inc, [Segment.parse(m) for m in retained.dropped])
 

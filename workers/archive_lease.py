@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.concurrency.cancelling import raise_if_cancelled
+from gateway.protocol.models import text
 from gateway.redis_io import keys
 from gateway.redis_io.connections import Client
 from gateway.redis_io.contracts import ARCHIVE_LEASE, COMPACT, SCRIPTS, status_of
@@ -42,6 +43,7 @@ class Lease:
     seconds: float
     valid_until: float  # time.monotonic(): the latest moment it surely still holds
     lost: bool = False
+    tenant: str = ""  # the stream's (meta 'tn') as last read: the scripts that free bytes give them back
 
     def check(self) -> None:
         """Raise LeaseLost once the lease may have run out (a pause outlasted it)."""
@@ -66,15 +68,30 @@ class Leases:
     async def call(self, script: str, lease: Lease, *args: Any) -> Any:
         """Run an archive script for the lease's stream, fenced by its token: ``args`` are
         its ARGV after the token, in the order of its description (contracts.py, which
-        checks their count). Every script but archive_lease takes the incarnation first,
-        and its segment set as KEYS[7]; compact its fold record (keys.fold)."""
-        argv = SCRIPTS[script].args(lease.token, *args)
+        checks their count), but for its ``tenant``: the lease's, put in here. Every script
+        but archive_lease takes the incarnation first, and its segment set as KEYS[7];
+        compact its fold record (keys.fold). A script that frees bytes gets the tenant's keys
+        after those; if the stream's tenant is another now (a stream adopted since: it
+        answers 'tenant'), it is called again with that one."""
+        contract = SCRIPTS[script]
+        fields: tuple[str, ...] = contract.argv._fields if contract.argv is not None else ()  # type: ignore[attr-defined]
+        at = fields.index("tenant") - 1 if "tenant" in fields else None  # (after the token)
         script_keys = [*keys.stream_keys(lease.sid), keys.lease(lease.sid)]
         if script == COMPACT.name:
             script_keys.append(keys.fold(lease.sid))
         elif script != ARCHIVE_LEASE.name:
             script_keys.append(keys.segments(lease.sid, str(args[0])))
-        return await self.scripts.run(script, script_keys, argv)
+        if at is None:
+            return await self.scripts.run(script, script_keys, contract.args(lease.token, *args))
+        for _ in range(3):  # (a stream is adopted once: the second call has its tenant)
+            tenant = "-" if self.scripts.cluster else lease.tenant  # (no tenants on a Cluster)
+            tenant_keys = keys.tenant_keys(tenant, time.time()) if tenant not in ("", "-") else []
+            argv = contract.args(lease.token, *args[:at], tenant, *args[at:])
+            result = await self.scripts.run(script, [*script_keys, *tenant_keys], argv)
+            if status_of(result) != "tenant":
+                return result
+            lease.tenant = text(result[1])
+        raise RuntimeError(f"{script}: the tenant of {keys.path_of(lease.sid)} keeps changing")
 
     async def fenced(self, script: str, lease: Lease, *args: Any) -> list[Any]:
         """Run a fenced script; LeaseLost if Redis says the lease is not ours."""

@@ -295,6 +295,7 @@ class Archiver:
         meta = await self._meta(sid)
         if meta is None:
             return False
+        lease.tenant = meta.get("tn", "")  # (what retention and compaction free goes back to it)
         inc = meta.get("inc") or uuid.uuid4().hex[:16]
         members = cast(
             ScoredMembers, await self.redis.zrange(keys.segments(sid, inc), 0, -1, withscores=True)
@@ -307,7 +308,9 @@ class Archiver:
         if pending:
             return await self.files.write_and_commit(lease, meta, inc, Job(pending[0], None))
         if self.policy.retention_ms and committed:
-            await self.files.retain(lease, inc, now_ms() - self.policy.retention_ms)
+            await self.files.retain(
+                lease, inc, now_ms() - self.policy.retention_ms, committed, bool(meta.get("cmp"))
+            )
         if meta.get("cmp") and not take.compacted:  # compaction first: what is archived was folded
             take.compacted = True
             outcome = await self.compactor.run(lease, meta)

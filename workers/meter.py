@@ -5,7 +5,8 @@ With ``--tenants`` the write scripts count each tenant's usage atomically with t
 (lua/_tenants.lua) into one Redis hash per UTC hour, ``keys.meter(hour)``
 (``ds:meter:<hour>``, hour = Unix seconds of its start), fields ``'<tenant> <counter>'``
 -> count. The archive worker runs a ``Meter`` beside its archiving loop; every
-~``INTERVAL_SECONDS`` (jittered) it moves each *closed* hour, one whose end is
+~``INTERVAL_SECONDS`` (jittered) it moves each *closed* hour (found by name, and by a rare
+scan: ``LOOKBACK_HOURS``), one whose end is
 ``GRACE_SECONDS`` past (late counts, e.g. a gateway's ``bytes_out`` added after the hour,
 land first). Per hour:
 
@@ -83,6 +84,12 @@ limited = RateLimited(log, every=60.0)
 GRACE_SECONDS = 120.0  # after an hour ends, before it is moved: late counts land first
 INTERVAL_SECONDS = float(os.environ.get("DURABLE_STREAMS_METER_INTERVAL_SECONDS") or 30.0)
 WATCH_TRIES = 20  # a MULTI losing its WATCH this often in a row: next round
+# Hours are looked up by name (the last LOOKBACK_HOURS: one EXISTS each, pipelined), and the
+# whole keyspace is scanned once every FULL_SCAN_ROUNDS rounds (~1 h), and at a worker's first:
+# a SCAN of a large Redis every 30 s would cost more than everything else the meter does. The
+# scan finds what names miss: hours left while no worker ran for days, a gateway's clock far off.
+LOOKBACK_HOURS = 48
+FULL_SCAN_ROUNDS = 120
 
 SCHEMA = pa.schema(
     [
@@ -159,6 +166,7 @@ class Meter:
         self.archive = archive
         self.interval = interval
         self.grace = grace
+        self.rounds = 0
 
     async def run(self, stop: asyncio.Event) -> None:
         """A round now and then every ``interval`` (± 20 %: workers started together drift
@@ -186,9 +194,8 @@ class Meter:
         for field, left_key in sorted(left.items()):
             if text(field).isdigit():  # (nothing else is written there)
                 written += await self._finish(int(text(field)), text(left_key))
-        hours: set[int] = set()
-        async for page in scan_pages(self.redis, keys.METER_PREFIX + "*"):
-            hours.update(h for h in (hour_of(text(k)) for k in page) if h is not None)
+        hours = await (self._every_hour() if self.rounds % FULL_SCAN_ROUNDS == 0 else self._recent_hours(now))
+        self.rounds += 1
         for hour in sorted(hours):
             if now < hour + keys.METER_HOUR_SECONDS + self.grace:
                 continue  # still open, or late counts may come
@@ -200,6 +207,23 @@ class Meter:
                 if fresh:
                     break
         return written
+
+    async def _every_hour(self) -> set[int]:
+        """The hours that have a key, from a scan of the whole keyspace."""
+        hours: set[int] = set()
+        async for page in scan_pages(self.redis, keys.METER_PREFIX + "*"):
+            hours.update(h for h in (hour_of(text(k)) for k in page) if h is not None)
+        return hours
+
+    async def _recent_hours(self, now: float) -> set[int]:
+        """The last LOOKBACK_HOURS hours that have a key, by their names."""
+        newest = keys.meter_hour(now)
+        names = [newest - i * keys.METER_HOUR_SECONDS for i in range(LOOKBACK_HOURS)]
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for hour in names:
+                pipe.exists(keys.meter(hour))
+            found = await pipe.execute()
+        return {hour for hour, n in zip(names, found, strict=True) if n}
 
     async def _take(self, hour: int) -> tuple[str | None, bool]:
         """The hour's counts renamed to a new part recorded in ``METER_FLUSHING``: (its key,

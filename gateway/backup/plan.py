@@ -60,7 +60,7 @@ _SKIPPED_NAMES = {
     keys.TENANT_SWEEP,
     keys.METER_FLUSHING,  # the meter (docs/tenants.md): what it counted is in the archive's
 }  # usage files, or to be moved there by the source; never twice
-_METER = (keys.METER_PREFIX, keys.meter_part(0, "")[: -len("0:")])  # ds:meter:, ds:meter-part:
+_METER = (keys.METER_PREFIX, keys.METER_PART_PREFIX)
 _TENANT = keys.tenant("")
 _GROUP_TAGS = {keys.due_key(g)[len(keys.PREFIX) + 2 : -len("}:due")] for g in range(keys.SUB_GROUPS)}
 _SUB_KEY = re.compile(r"ds:\{(?P<tag>[^}]*)\}:(?P<part>[slp]):(?P<sub>.*)", re.S)

@@ -13,8 +13,9 @@ are after the dumps (plan.py).
 The blip: a script holds its Redis (one primary of a Cluster) while it serializes its keys,
 and the calls of a round run back to back: a write to that primary waits for them, about the
 time DUMP takes for what those streams hold in Redis (the archive bounds it). A round is up to
-``_CALLS_PER_ROUND`` calls, fewer after one whose streams were large (about
-``_BYTES_PER_ROUND`` serialized a round); docs/operations.md, Backups, measures it.
+``_CALLS_PER_ROUND`` calls, fewer after one that held a large stream (about
+``_BYTES_PER_ROUND`` serialized a round, by its largest; growing back at most twofold a
+round); docs/operations.md, Backups, measures it.
 
 Then each stream's bytes up to its tail at the cut are read as a catch-up read would and
 digested (digest.py), for ``verify``.
@@ -69,6 +70,23 @@ async def _scan(redis: Client, say: Say) -> tuple[dict[Group, set[bytes]], dict[
     return groups, listed
 
 
+def _serialized(reply: Any) -> int:
+    """Bytes one call serialized (its reply: value, then two more items, per key)."""
+    if not isinstance(reply, list):
+        return 0
+    return sum(len(reply[i] or b"") for i in range(0, len(reply), 3))
+
+
+def _next_round(calls: int, sizes: list[int]) -> int:
+    """How many calls the next round holds: about _BYTES_PER_ROUND, sized by this round's
+    largest call (the scan's order mixes small and large streams, and a mean hides a large one),
+    and at most twice this round (a round of small ones says little of the next: at most
+    2 x _BYTES_PER_ROUND after a large one)."""
+    largest = max(sizes, default=0)
+    fits = _BYTES_PER_ROUND // largest if largest else _CALLS_PER_ROUND
+    return max(1, min(_CALLS_PER_ROUND, 2 * calls, fits))
+
+
 def _with_stream_keys(tag: str, found: set[bytes]) -> list[bytes]:
     """A stream's keys as found, and every one it may have: one created between the scan and
     the dump (its producers, say) must not be missing from a dump that has what it records."""
@@ -112,15 +130,7 @@ class _Taking:
                 names = [plan.key_text(k) for k in group]
                 calls.append((names, [*BackupKeysArgv(_reads(names))]))
             replies = await self.scripts.run_each(BACKUP_KEYS.name, calls)
-            dumped = sum(
-                len(reply[i] or b"")
-                for reply in replies
-                if isinstance(reply, list)
-                for i in range(0, len(reply), 3)
-            )
-            # The next round's size: about _BYTES_PER_ROUND serialized, as this one's streams were.
-            per_call = max(1, dumped // max(1, len(round_)))
-            self.calls = max(1, min(_CALLS_PER_ROUND, _BYTES_PER_ROUND // per_call))
+            self.calls = _next_round(len(round_), [_serialized(reply) for reply in replies])
             again: list[list[bytes]] = []
             for group, reply in zip(round_, replies, strict=True):
                 if isinstance(reply, BaseException):

@@ -24,6 +24,7 @@ import uuid
 from dataclasses import dataclass
 
 from ..archive.files import Archive
+from ..protocol import tenants
 from ..protocol.errors import ProtocolError
 from ..protocol.models import text
 from ..redis_io import keys
@@ -99,7 +100,7 @@ class Snapshots:
             if status in ("missing", "gone"):
                 raise not_found(status)
             if status == "foreign":
-                raise ProtocolError(403, "this stream belongs to another tenant")
+                raise tenants.foreign()
             detail = {"stale": "a snapshot at or after this offset exists", "range": "offset beyond the tail"}
             if status == "trimmed":
                 raise ProtocolError(410, "offset below the data still retained")

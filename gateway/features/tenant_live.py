@@ -21,10 +21,9 @@ import uuid
 from collections.abc import AsyncIterator
 
 from ..concurrency.cancelling import raise_if_cancelled
-from ..protocol import tenants
-from ..protocol.models import text
 from ..redis_io import keys
-from ..redis_io.contracts import TENANT_LIVE, TENANT_RENEW, QuotaRefused, TenantLiveArgv, status_of
+from ..redis_io.contracts import TENANT_LIVE, TENANT_RENEW, TenantLiveArgv, status_of
+from ..redis_io.outcomes import tenant_refusal
 from ..redis_io.scripts import Scripts
 from ..telemetry.logs import RateLimited
 
@@ -54,10 +53,7 @@ class LiveLeases:
         try:
             reply = await self.scripts.run(TENANT_LIVE.name, script_keys, [*TenantLiveArgv(member, lease_ms)])
             if status_of(reply) == "quota":
-                refusal = QuotaRefused(*reply)
-                raise tenants.refused(
-                    text(refusal.quota), int(refusal.limit), int(refusal.usage), int(refusal.asked)
-                )
+                raise tenant_refusal("quota", reply)
             taken = True
             yield
         finally:

@@ -410,6 +410,7 @@ class ArchiveReplaceArgv(NamedTuple):
     barrier: int
     dropped_bytes: int
     dropped: int
+    tenant: str  # the stream's as the worker read it ('' none): given the dropped bytes back
 
 
 class CompactArgv(NamedTuple):
@@ -424,6 +425,7 @@ class CompactArgv(NamedTuple):
     keep_ms: int
     forget: str  # "<position> ..."
     deep: str  # "<to> <kept bytes> <now ms> <kept a delete past its retention: 0|1>" | ''
+    tenant: str  # the stream's as the worker read it ('' none): given the dropped bytes back
 
 
 class CompactDone(NamedTuple):  # 'ok'
@@ -435,6 +437,7 @@ class ArchiveRetainArgv(NamedTuple):
     token: str
     incarnation: str
     cutoff_ms: int
+    tenant: str  # the stream's as the worker read it ('' none): given the dropped bytes back
 
 
 class ArchiveRetained(NamedTuple):  # 'ok'
@@ -736,7 +739,7 @@ ARCHIVE_STAGE = Script("archive_stage", ArchiveStageArgv)
 ARCHIVE_COMMIT = Script("archive_commit", ArchiveCommitArgv, replies={"ok": ArchiveCommitted})
 ARCHIVE_FORGET = Script("archive_forget", ArchiveArgv, tail="members")
 ARCHIVE_CHECK = Script("archive_check", ArchiveArgv, writes=False)
-ARCHIVE_RETAIN = Script("archive_retain", ArchiveRetainArgv, replies={"ok": ArchiveRetained})
+ARCHIVE_RETAIN = Script("archive_retain", ArchiveRetainArgv, tail="sizes", replies={"ok": ArchiveRetained})
 # State compaction's step (workers/compactor.py): the stream's five keys, its lease, its fold record.
 COMPACT = Script("compact", CompactArgv, tail="positions", replies={"ok": CompactDone})
 # ... and its rewrite of an archived segment (workers/compacted_segments.py): the archive's KEYS.

@@ -355,9 +355,12 @@ def meter(hour: int) -> str:
 METER_FLUSHING = f"{PREFIX}:meter-flushing"
 
 
+METER_PART_PREFIX = f"{PREFIX}:meter-part:"
+
+
 def meter_part(hour: int, part: str) -> str:
     """An hour's counts taken to be written as usage file ``part`` (workers/meter.py)."""
-    return f"{PREFIX}:meter-part:{hour}:{part}"
+    return f"{METER_PART_PREFIX}{hour}:{part}"
 
 
 def meter_hour(now: float) -> int:

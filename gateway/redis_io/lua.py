@@ -16,7 +16,18 @@ from importlib import resources
 PACKAGE = "durable_streams_lua"
 _CLUSTER_MARK = "local CLUSTER = false --[[cluster]]"
 # The scripts that store or free data for a tenant get ``_tenants.lua`` after the prelude.
-TENANT_SCRIPTS = frozenset({"create", "append", "append_part", "delete", "tenant_sweep"})
+TENANT_SCRIPTS = frozenset(
+    {
+        "create",
+        "append",
+        "append_part",
+        "delete",
+        "tenant_sweep",
+        "archive_retain",
+        "compact",
+        "archive_replace",
+    }
+)
 
 
 def source(name: str, cluster: bool = False) -> str:
