@@ -58,9 +58,9 @@ async def held(redis: aioredis.Redis, archive: Archive, sid: str) -> int:
             hot += len(data) - (
                 data.count(b"\n") if meta.get(b"ct", b"").startswith(b"application/json") else 0
             )
-    inc = meta[b"inc"].decode()
+    inc = meta.get(b"inc", b"").decode()  # (none until the stream's first archiving)
     cold = 0
-    for member, score in await redis.zrange(keys.segments(sid, inc), 0, -1, withscores=True):
+    for member, score in await redis.zrange(keys.segments(sid, inc), 0, -1, withscores=True) if inc else ():
         if score >= 0:
             table = archive.read(Segment.parse(member).file, ["data"])
             cold += pc.sum(pc.binary_length(table.column("data"))).as_py() or 0
@@ -78,10 +78,10 @@ async def test_retention_gives_a_tenants_bytes_back(tenant, http, redis, archive
         assert r.status == 201
     assert await stored(http, base, name) == 9 + 7 + 8  # (the JSON messages without "[", ",", "]")
     archive = Archive(archive_dir)
-    keep = Archiver(redis, archive, dataclasses.replace(FILES, retention_ms=600))
+    keep = Archiver(redis, archive, dataclasses.replace(FILES, retention_ms=1500))
     for url in (text, js):
         await keep.archive_stream(_sid(url))
-    await asyncio.sleep(0.8)
+    await asyncio.sleep(1.7)
     async with http.post(text, data=b"new", headers=TEXT) as r:
         assert r.status == 204
     async with http.post(js, data=b'{"c":333}', headers=JSON) as r:
@@ -137,32 +137,56 @@ async def test_compaction_and_retention_give_back_exactly(tenant, http, redis, a
     assert await stored(http, base, name) == await held(redis, archive, sid), checked
 
 
-async def test_a_worker_that_read_another_tenant_calls_again_with_the_streams(
-    tenant, http, redis, archive_dir
+async def test_a_worker_that_read_the_meta_before_an_adoption_calls_again(
+    redis_url, tenant, http, redis, archive_dir
 ) -> None:
-    """A worker whose meta is older than the stream's tenant (it read it before a tenant
-    adopted the stream, made while tenants were off) calls retention with no tenant: the
-    script answers 'tenant' and changes nothing, and the call is made again with the
-    stream's; the bytes go back to it."""
+    """A worker read a stream's meta while it was no tenant's (made with tenants off); a
+    tenant's write adopts it; the worker's retention call, made with no tenant, is answered
+    'tenant' (nothing changed) and made again with the adopter's. What the adopter is given
+    back is at most what it counts for the stream (docs/tenants.md: its count may run below
+    what the stream holds by what it held before the adoption, never below zero)."""
     base, name = tenant
-    url = f"{base}/{name}/stale"
-    async with http.put(url, data=b"old data ", headers=TEXT) as r:
-        assert r.status == 201
+    path = f"{name}/adopted"
+    async with serving(redis_url) as plain:  # (tenants off)
+        async with http.put(f"{plain}/{path}", data=b"before ", headers=TEXT) as r:
+            assert r.status == 201
     archive = Archive(archive_dir)
     keep = Archiver(redis, archive, FILES)
-    await keep.archive_stream(_sid(url))
-    async with http.post(url, data=b"new", headers=TEXT) as r:
-        assert r.status == 204
-    assert await stored(http, base, name) == 12
-    async with keep.leases.held(_sid(url)) as lease:
+    await keep.archive_stream(_sid(path))
+    async with keep.leases.held(_sid(path)) as lease:
         assert lease is not None
-        lease.tenant = ""  # (as read before the tenant was the stream's)
-        meta = await redis.hgetall(keys.stream_keys(_sid(url))[0])
+        meta = await redis.hgetall(keys.stream_keys(_sid(path))[0])
+        assert b"tn" not in meta and lease.tenant == ""  # (as the worker read it)
+        async with http.post(f"{base}/{path}", data=b"adopted", headers=TEXT) as r:
+            assert r.status == 204  # the tenant's now, its bytes from here on counted
+        assert await stored(http, base, name) == 7
         inc = meta[b"inc"].decode()
-        committed = [Segment.parse(m) for m in await redis.zrange(keys.segments(_sid(url), inc), 0, -1)]
+        committed = [Segment.parse(m) for m in await redis.zrange(keys.segments(_sid(path), inc), 0, -1)]
         await keep.files.retain(lease, inc, int(time.time() * 1000) + 1, committed, False)
         assert lease.tenant == name
-    assert await stored(http, base, name) == 3 == await held(redis, archive, _sid(url))
+    assert await held(redis, archive, _sid(path)) == 7  # "before " dropped, "adopted" kept
+    assert await stored(http, base, name) == 0  # given back: 7 of "before ", clamped at the 7 counted
+
+
+async def test_a_compaction_run_with_a_stale_tenant_calls_again(tenant, http, redis, archive_dir) -> None:
+    """The same for compaction: a run made with no tenant for a tenant's compacted stream is
+    answered 'tenant' and made again with the stream's; its bytes go back to it."""
+    base, name = tenant
+    url = f"{base}/{name}/stale-state"
+    async with http.put(url, headers={**JSON, "Stream-Compaction": "state"}) as r:
+        assert r.status == 201
+    history = make_history(random.Random(4), 120, keys=2, resets=False, others=False)
+    async with http.post(url, data=orjson.dumps(history), headers=JSON) as r:
+        assert r.status in (200, 204), await r.text()
+    archive = Archive(archive_dir)
+    worker = Archiver(redis, archive, dataclasses.replace(FILES, hot_bytes=1 << 40), compaction=NOW)
+    async with worker.leases.held(_sid(url)) as lease:
+        assert lease is not None
+        raw = await redis.hgetall(keys.stream_keys(_sid(url))[0])
+        await worker.compactor.run(lease, {k.decode(): v.decode() for k, v in raw.items()})
+        assert lease.tenant == name
+    assert int((await redis.hgetall(keys.stream_keys(_sid(url))[0])).get(b"cdrop", b"0")) > 0
+    assert await stored(http, base, name) == await held(redis, archive, _sid(url))
 
 
 def _sid(url: str) -> str:

@@ -46,6 +46,7 @@ from .archive_lease import Lease, LeaseLost, Leases
 
 PAGE = 1000  # log entries per XRANGE
 FORGET_BATCH = 500  # members per archive_forget call (Lua's unpack has a limit)
+RETAIN_READS = 100  # files a retention call reads for their sizes (a compacted stream's)
 
 # redis-py types a reply as the union of every form its options allow; with this
 # worker's options (no decode_responses) each reply used below is one of these.
@@ -176,20 +177,31 @@ class SegmentFiles:
     ) -> None:
         """Retention: the committed segments archive_retain.lua drops (older than
         ``cutoff``), their files removed. A segment's bytes go back to the stream's tenant:
-        its range, or, in a compacted stream (whose messages compaction dropped are in the
-        range, given back then), what its file holds."""
+        its range, or, in a compacted stream of a tenant (whose messages compaction dropped
+        are in the range, given back then), what its file holds: those files are read, at
+        most RETAIN_READS a call (the rest on the next round)."""
         sizes: list[str] = []
-        if compacted:
-            for segment in committed:
-                if segment.last_ms >= cutoff:
-                    break
-                table = await asyncio.to_thread(self.archive.read, segment.file, ["data"])
-                held = pc.sum(pc.binary_length(table.column("data"))).as_py() or 0
-                sizes.append(f"{segment.start} {held}")
+        if compacted and lease.tenant and not self.scripts.cluster:
+            due = [s for s in committed if s.last_ms < cutoff]
+            if len(due) > RETAIN_READS:  # (the script drops what ends before the cutoff)
+                cutoff = min(cutoff, due[RETAIN_READS].last_ms)
+            for segment in due[:RETAIN_READS]:
+                held = await self._held(segment)
+                lease.check()  # (a long read: stop once the lease is gone)
+                if held is not None:  # (a missing file: its range, clamped by the script)
+                    sizes.append(f"{segment.start} {held}")
         result = await self.leases.fenced(ARCHIVE_RETAIN.name, lease, inc, cutoff, *sizes)
         retained = ArchiveRetained(*result)
         if retained.dropped:
             await self.remove(lease, inc, [Segment.parse(m) for m in retained.dropped])
+
+    async def _held(self, segment: Segment) -> int | None:
+        """The bytes a segment's file holds (its messages'), None if it is missing."""
+        try:
+            table = await asyncio.to_thread(self.archive.read, segment.file, ["data"])
+        except FileNotFoundError:
+            return None
+        return pc.sum(pc.binary_length(table.column("data"))).as_py() or 0
 
     async def remove(self, lease: Lease, inc: str, segments: list[Segment]) -> None:
         """Delete files, then forget them (in that order: a crash leaves a record, not a stray file)."""

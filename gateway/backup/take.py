@@ -80,8 +80,8 @@ def _serialized(reply: Any) -> int:
 def _next_round(calls: int, sizes: list[int]) -> int:
     """How many calls the next round holds: about _BYTES_PER_ROUND, sized by this round's
     largest call (the scan's order mixes small and large streams, and a mean hides a large one),
-    and at most twice this round (a round of small ones says little of the next: at most
-    2 x _BYTES_PER_ROUND after a large one)."""
+    and at most twice this round (a round of small ones says little of the next: after a round
+    sized for large streams, rounds grow back 2x, 4x, ... of it)."""
     largest = max(sizes, default=0)
     fits = _BYTES_PER_ROUND // largest if largest else _CALLS_PER_ROUND
     return max(1, min(_CALLS_PER_ROUND, 2 * calls, fits))
