@@ -119,6 +119,14 @@ CASES = {
         quiet("DurableStreamsCompactionBehind", "10m"),  # past 1800 s at 7m: not yet for 15m
         fires("DurableStreamsCompactionBehind", "25m", {"severity": "warning"}),
     ),
+    "DurableStreamsUsageMeterBehind": case(
+        [  # both workers report the same hour: moved by neither from 20m on
+            series('ds_meter_behind_seconds{pod="arc-1"}', "0x20 0+60x80"),
+            series('ds_meter_behind_seconds{pod="arc-2"}', "0x20 0+60x80"),
+        ],
+        quiet("DurableStreamsUsageMeterBehind", "90m"),  # past 3600 s at 82m: not yet for 15m
+        fires("DurableStreamsUsageMeterBehind", "100m", {"severity": "warning"}),
+    ),
     "DurableStreamsWebhooksFailing": case(
         [
             series('ds_webhook_deliveries_total{outcome="done"}', "0+10x10 100+1x30"),

@@ -28,6 +28,7 @@ from gateway.archive.files import Archive
 from gateway.archive.usage import USAGE_DIR, hour_dir, usage_file
 from gateway.redis_io import keys, layout
 from gateway.redis_io.limits import STEP_BYTES
+from gateway.telemetry import metrics
 from workers import usage_bill
 from workers.meter import FULL_SCAN_ROUNDS, GRACE_SECONDS, Meter, part_of, usage_table
 
@@ -285,6 +286,34 @@ async def test_two_flushers_at_once_write_each_count_once(redis, tmp_path) -> No
     assert await _leftovers(redis, set(hours)) == []
 
 
+async def test_an_old_hour_a_scan_found_and_could_not_move_is_looked_up_by_name(
+    redis, tmp_path, monkeypatch
+) -> None:
+    """An hour older than the lookback that a scan found and could not move (Redis or the
+    archive away) is looked up by name in the next rounds, not only at the next scan: moved
+    there, and ds_meter_behind_seconds says how long it waited."""
+    tenants, expected = [_name()], Counter()
+    (old,) = _old_hours(1)
+    await _fill(redis, [old], tenants, expected)
+    meter = Meter(redis, Archive(str(tmp_path / "archive")))
+    take = meter._take
+
+    async def failing(hour: int) -> tuple[str | None, bool]:
+        if hour == old:
+            raise OSError("Redis is away")
+        return await take(hour)
+
+    monkeypatch.setattr(meter, "_take", failing)
+    with pytest.raises(OSError):
+        await meter.flush_once(time.time())  # the scan round: found, not moved
+    monkeypatch.setattr(meter, "_take", take)
+    await meter.flush_once(time.time())  # by name: found and moved
+    waited = time.time() - (old + 3600 + GRACE_SECONDS)
+    assert abs(metrics.METER_BEHIND._value.get() - waited) < 60
+    assert await _leftovers(redis, {old}) == []
+    assert _mine(_usage(tmp_path / "archive")[0], set(tenants)) == _mine(expected, set(tenants))
+
+
 async def test_recent_hours_are_found_by_name_and_old_ones_by_a_rare_scan(redis, tmp_path) -> None:
     """A round looks the last LOOKBACK_HOURS up by name; a worker's first round, and one in
     FULL_SCAN_ROUNDS, scans every key: an hour older than that is moved then."""
@@ -294,12 +323,14 @@ async def test_recent_hours_are_found_by_name_and_old_ones_by_a_rare_scan(redis,
     await _fill(redis, [recent, old], tenants, expected)
     await meter.flush_once(time.time())  # the first round: a scan
     assert await _leftovers(redis, {recent, old}) == []
+    await meter.flush_once(time.time())  # by name: the old hour the scan found is gone, forgotten
     await _fill(redis, [recent, old], tenants, expected)
-    for _ in range(FULL_SCAN_ROUNDS - 1):
+    for _ in range(FULL_SCAN_ROUNDS - 2):
         await meter.flush_once(time.time())  # by name: the old hour waits
     assert await redis.exists(keys.meter(old)) and not await redis.exists(keys.meter(recent))
     await meter.flush_once(time.time())  # a scan again
     assert await _leftovers(redis, {recent, old}) == []
+    assert metrics.METER_BEHIND._value.get() > 0  # (the old hour, seen at the round's start)
     assert _mine(_usage(tmp_path / "archive")[0], set(tenants)) == _mine(expected, set(tenants))
 
 

@@ -74,6 +74,7 @@ from gateway.protocol.models import text
 from gateway.redis_io import keys
 from gateway.redis_io.connections import Client, scan_pages
 from gateway.redis_io.preflight import reason
+from gateway.telemetry import metrics
 from gateway.telemetry.logs import RateLimited
 
 from .archive_scan import unavailable
@@ -167,6 +168,7 @@ class Meter:
         self.interval = interval
         self.grace = grace
         self.rounds = 0
+        self.older: set[int] = set()  # hours before the lookback the last scan found: looked up by name too
 
     async def run(self, stop: asyncio.Event) -> None:
         """A round now and then every ``interval`` (± 20 %: workers started together drift
@@ -194,8 +196,11 @@ class Meter:
         for field, left_key in sorted(left.items()):
             if text(field).isdigit():  # (nothing else is written there)
                 written += await self._finish(int(text(field)), text(left_key))
-        hours = await (self._every_hour() if self.rounds % FULL_SCAN_ROUNDS == 0 else self._recent_hours(now))
+        scan = self.rounds % FULL_SCAN_ROUNDS == 0
+        hours = await (self._every_hour(now) if scan else self._hours_by_name(now))
         self.rounds += 1
+        closed = [h + keys.METER_HOUR_SECONDS + self.grace for h in hours]
+        metrics.METER_BEHIND.set(max(0.0, now - min((c for c in closed if c <= now), default=now)))
         for hour in sorted(hours):
             if now < hour + keys.METER_HOUR_SECONDS + self.grace:
                 continue  # still open, or late counts may come
@@ -208,22 +213,29 @@ class Meter:
                     break
         return written
 
-    async def _every_hour(self) -> set[int]:
+    async def _every_hour(self, now: float) -> set[int]:
         """The hours that have a key, from a scan of the whole keyspace."""
         hours: set[int] = set()
         async for page in scan_pages(self.redis, keys.METER_PREFIX + "*"):
             hours.update(h for h in (hour_of(text(k)) for k in page) if h is not None)
+        self.older = {h for h in hours if h < self._lookback(now)}
         return hours
 
-    async def _recent_hours(self, now: float) -> set[int]:
-        """The last LOOKBACK_HOURS hours that have a key, by their names."""
-        newest = keys.meter_hour(now)
-        names = [newest - i * keys.METER_HOUR_SECONDS for i in range(LOOKBACK_HOURS)]
+    async def _hours_by_name(self, now: float) -> set[int]:
+        """The hours that have a key among the last LOOKBACK_HOURS and the older ones the
+        last scan found (until they are gone: ``ds_meter_behind_seconds`` keeps seeing them)."""
+        names = [*range(self._lookback(now), keys.meter_hour(now) + 1, keys.METER_HOUR_SECONDS), *self.older]
         async with self.redis.pipeline(transaction=False) as pipe:
             for hour in names:
                 pipe.exists(keys.meter(hour))
             found = await pipe.execute()
-        return {hour for hour, n in zip(names, found, strict=True) if n}
+        hours = {hour for hour, n in zip(names, found, strict=True) if n}
+        self.older &= hours
+        return hours
+
+    @staticmethod
+    def _lookback(now: float) -> int:
+        return keys.meter_hour(now) - (LOOKBACK_HOURS - 1) * keys.METER_HOUR_SECONDS
 
     async def _take(self, hour: int) -> tuple[str | None, bool]:
         """The hour's counts renamed to a new part recorded in ``METER_FLUSHING``: (its key,

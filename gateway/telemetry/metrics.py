@@ -127,6 +127,14 @@ COMPACTION_BEHIND = Gauge(
     "unfolded message minus --compaction-lag-seconds (0: caught up)",
     multiprocess_mode="mostrecent",
 )
+# The usage meter (workers/meter.py, archive workers with --tenants). Read from Redis:
+# every such worker reports the same number: aggregate with max().
+METER_BEHIND = Gauge(
+    "ds_meter_behind_seconds",
+    "How long the oldest metering hour still in Redis has waited past its close (0: none): "
+    "usage not yet moved to Parquet",
+    multiprocess_mode="mostrecent",
+)
 # Read from Redis: every worker reports the same cluster-wide number, so sum() over
 # workers would multiply it by their count; aggregate with max().
 ARCHIVE_DUE = Gauge(
