@@ -19,7 +19,7 @@ import tempfile
 import time
 import urllib.request
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 
 import aiohttp
@@ -130,10 +130,13 @@ def wait_ready(port: int, proc: subprocess.Popen[bytes], seconds: float = 30) ->
     raise AssertionError("gateway did not become ready")
 
 
-def started_gateway(redis_url: str, log: Path, *flags: str) -> tuple[subprocess.Popen[bytes], str]:
+def started_gateway(
+    redis_url: str, log: Path, *flags: str, wrapper: Sequence[str] = ()
+) -> tuple[subprocess.Popen[bytes], str]:
     """``python -m gateway serve`` as users start it (its defaults, ``flags`` added; none of
     this shell's DURABLE_STREAMS_ settings but the shutdown delay) on a free port, once ready:
-    the process (the caller stops it, or kills it) and its stream base URL."""
+    the process (the caller stops it, or kills it) and its stream base URL. ``wrapper``: a
+    command it runs under (``strace …``)."""
     port = free_port()
     env = {
         k: v
@@ -143,7 +146,8 @@ def started_gateway(redis_url: str, log: Path, *flags: str) -> tuple[subprocess.
     }
     with log.open("w") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway", "serve", "--port", str(port), "--redis-url", redis_url, *flags],
+            [*wrapper, sys.executable, "-m", "gateway", "serve", "--port", str(port),
+             "--redis-url", redis_url, *flags],
             env=env, stderr=err,
         )  # fmt: skip
     try:

@@ -10,9 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import redis.asyncio as aioredis
@@ -25,7 +33,7 @@ from gateway.redis_io import keys
 from gateway.redis_io.scripts import Scripts
 from gateway.streams.store import Store
 
-from .conftest import own_redis_server
+from .conftest import own_redis_server, started_gateway
 
 BUDGETS = Path(__file__).with_name("cost_budgets.json")
 APPENDS = 20  # sequential appends a scenario counts (after a first, not counted: scripts loaded)
@@ -163,3 +171,85 @@ async def test_concurrent_appends_share_script_calls(store, streams: int) -> Non
 
     calls, other = await counted(redis, work)
     check(f"concurrent_{streams}", {"script_calls_per_64": calls, "commands_per_append": other / 64})
+
+
+# -- syscalls on the append door ---------------------------------------------------------------
+
+SYSCALLS = "read,write,readv,writev,recvfrom,sendto,recvmsg,sendmsg"
+_LINE = re.compile(r"^(?P<pid>\d+)\s+(?P<at>\d+\.\d+)\s+(?P<call>\w+)\((?P<fd>\d+)<(?P<path>.*?)>,")
+
+
+def _strace_works() -> bool:
+    if shutil.which("strace") is None:
+        return False
+    return subprocess.run(["strace", "-qq", "-o", "/dev/null", "true"], capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(not _strace_works(), reason="needs strace, allowed to trace (ptrace)")
+def test_an_appends_syscalls_stay_in_their_budget(tmp_path: Path) -> None:
+    """Sequential appends on one keep-alive connection to a gateway process traced by strace
+    (``-yy``: each socket's addresses): the reads and writes per append on the client's
+    connection (the fast path: the request in one read, the answer in one write) and on
+    Redis' (one round trip a call)."""
+    with own_redis_server(tmp_path / "redis") as server:
+        trace = tmp_path / "strace.log"
+        wrapper = ["strace", "-f", "-qq", "-yy", "-ttt", "-e", f"trace={SYSCALLS}", "-o", str(trace)]
+        proc, base = started_gateway(server.url, tmp_path / "gateway.log", wrapper=wrapper)
+        port = urlsplit(base).port
+        try:
+            with socket.create_connection(("127.0.0.1", port)) as client:
+                _request(client, port, "PUT", "/v1/stream/costs", b"")
+                for _ in range(20):  # warm: scripts loaded, the stream's first appends
+                    _request(client, port, "POST", "/v1/stream/costs", BODY)
+                started = time.time()
+                for _ in range(APPENDS * 10):
+                    _request(client, port, "POST", "/v1/stream/costs", BODY)
+                ended = time.time()
+        finally:
+            for child in _children(proc.pid):  # (strace ends with its tracee)
+                os.kill(child, signal.SIGTERM)
+            proc.wait(30)
+    counts: Counter[str] = Counter()
+    redis_port = f":{urlsplit(server.url).port}"
+    for line in trace.read_text().splitlines():
+        found = _LINE.match(line)
+        if not found or not started <= float(found["at"]) <= ended or "TCP" not in found["path"]:
+            continue
+        side = (
+            "client"
+            if f":{port}" in found["path"].split("->")[0]
+            else "redis"
+            if redis_port in found["path"]
+            else None
+        )
+        if side:
+            counts[side] += 1
+    appends = APPENDS * 10
+    check(
+        "syscalls",
+        {
+            "client_reads_writes_per_append": counts["client"] / appends,
+            "redis_reads_writes_per_append": counts["redis"] / appends,
+        },
+    )
+
+
+def _request(client: socket.socket, port: int, method: str, path: str, body: bytes) -> None:
+    head = f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: text/plain\r\n"
+    client.sendall(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        answer += client.recv(65536)
+    status = int(answer.split(b" ", 2)[1])
+    assert status in (200, 201, 204), answer
+    length = re.search(rb"(?i)content-length: (\d+)", answer)
+    rest = int(length.group(1)) if length else 0
+    while len(answer.split(b"\r\n\r\n", 1)[1]) < rest:
+        answer += client.recv(65536)
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(c) for c in (task / "children").read_text().split()]
+    return found
