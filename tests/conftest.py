@@ -263,6 +263,31 @@ async def serving(redis_url: str, **overrides: object) -> AsyncIterator[str]:
         await server.close()
 
 
+@pytest.fixture
+async def quiet_redis(tmp_path: Path) -> AsyncIterator[tuple[str, aioredis.Redis]]:
+    """A Redis of the test's own, (its URL, a client): what a test counts there (script
+    calls, commands) is its own alone; the session's Redis counts whatever an earlier test
+    left running as well."""
+    with own_redis_server(tmp_path / "quiet-redis") as server:
+        client = aioredis.Redis.from_url(server.url)
+        yield server.url, client
+        await client.aclose()
+
+
+@pytest.fixture
+async def quiet_gateway(
+    quiet_redis: tuple[str, aioredis.Redis], archive_dir: str
+) -> AsyncIterator[tuple[str, aioredis.Redis]]:
+    """A gateway as the session's (``gateway``) on a Redis of the test's own: (a fresh
+    stream's URL, a client of that Redis), for tests that count what Redis ran."""
+    redis_url, client = quiet_redis
+    server = await start_gateway(
+        redis_url, max_chunk_bytes=64, read_inline_bytes=16, max_body_bytes=4096, archive_url=archive_dir
+    )
+    yield str(server.make_url(f"/v1/stream/test-{uuid.uuid4().hex[:12]}")), client
+    await server.close()
+
+
 @pytest.fixture(scope="session")
 def archive_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     """Where the session gateway reads archived files (and test archivers write them)."""

@@ -66,7 +66,8 @@ async def test_batcher_failures_reach_every_waiter() -> None:
 TEXT = {"Content-Type": "text/plain"}
 
 
-async def test_concurrent_appends_share_calls_and_keep_every_rule(http, url, redis) -> None:
+async def test_concurrent_appends_share_calls_and_keep_every_rule(http, quiet_gateway) -> None:
+    url, redis = quiet_gateway
     async with http.put(url, headers=TEXT) as r:
         assert r.status == 201
     sse = await http.get(url, params={"offset": "now", "live": "sse"})
@@ -175,9 +176,10 @@ async def test_a_shared_read_that_fails_after_its_waiters_left_is_not_reported_u
         loop.set_exception_handler(None)
 
 
-async def test_appends_to_many_streams_go_in_one_call_each_checked_alone(http, url, redis) -> None:
+async def test_appends_to_many_streams_go_in_one_call_each_checked_alone(http, quiet_gateway) -> None:
     """A batch spans streams: append.lua binds each stream's keys in turn. Every stream
     keeps its own rules, data, expiry and notices; wrong streams get their own answers."""
+    url, redis = quiet_gateway
     names = [f"{url}-{n}" for n in range(24)]
     for name in names:
         async with http.put(name, headers=TEXT) as r:

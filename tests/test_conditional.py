@@ -29,7 +29,7 @@ from gateway.redis_io.scripts import Scripts
 from gateway.streams.store import Store
 
 from .cluster import Cluster
-from .conftest import own_redis_server, read_all, serving
+from .conftest import read_all, serving
 from .test_live import evalsha_calls
 
 TEXT = {"Content-Type": "text/plain"}
@@ -327,16 +327,6 @@ async def race(http: aiohttp.ClientSession, targets: list[str], headers: dict[st
     with the same condition; each writes its own record. Their statuses, in order."""
     sent = [post(http, targets[i % len(targets)], f"r{i};", **headers) for i in range(n)]
     return [r.status for r in await asyncio.gather(*sent)]
-
-
-@pytest.fixture
-async def quiet_redis(tmp_path) -> AsyncIterator[tuple[str, aioredis.Redis]]:
-    """A Redis of the test's own: script calls counted there are the test's alone (the
-    session's Redis counts whatever an earlier test left running as well)."""
-    with own_redis_server(tmp_path / "redis") as server:
-        client = aioredis.Redis.from_url(server.url)
-        yield server.url, client
-        await client.aclose()
 
 
 @pytest.mark.parametrize("condition", ["If_Match", "Stream_Expected_Offset"])

@@ -42,13 +42,13 @@ JSON_BODY = [(13, b'{"k":"v0001"}\n{"k":"v0002"}')]  # two JSON messages, as the
 
 
 @pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[tuple[Store, aioredis.Redis]]:
-    with own_redis_server(tmp_path / "redis") as server:
-        client = aioredis.Redis.from_url(server.url)
-        scripts = Scripts(client)
-        yield Store(scripts, ColdReader(Archive(str(tmp_path)), 1 << 20), max_chunk_bytes=1 << 20), client
-        await scripts.close_held()
-        await client.aclose()
+async def store(
+    quiet_redis: tuple[str, aioredis.Redis], tmp_path: Path
+) -> AsyncIterator[tuple[Store, aioredis.Redis]]:
+    client = quiet_redis[1]
+    scripts = Scripts(client)
+    yield Store(scripts, ColdReader(Archive(str(tmp_path)), 1 << 20), max_chunk_bytes=1 << 20), client
+    await scripts.close_held()  # (the client is the fixture's)
 
 
 async def commands(redis: aioredis.Redis) -> Counter[str]:

@@ -180,18 +180,20 @@ async def script_reads_while_fanning_out(
 
 
 async def test_redis_reads_per_append_do_not_grow_with_readers(
-    http: aiohttp.ClientSession, url: str, redis
+    http: aiohttp.ClientSession, quiet_gateway
 ) -> None:
     """Small appends ride in the pub/sub notice: 50 woken readers need no read at all."""
+    url, redis = quiet_gateway
     reads = await script_reads_while_fanning_out(http, url, redis, readers=50, appends=10)
     assert reads <= 1, f"{reads} script reads for 10 appends with 50 readers"
 
 
 async def test_without_payload_notices_readers_share_one_read(
-    http: aiohttp.ClientSession, redis_url: str, redis
+    http: aiohttp.ClientSession, quiet_redis
 ) -> None:
     """Appends too large to ride in the notice (here: all of them): the woken
     readers of one gateway share one Redis read per append."""
+    redis_url, redis = quiet_redis
     gateway = await start_gateway(redis_url, notice_payload_bytes=0)
     url = str(gateway.make_url("/v1/stream/no-payload"))
     try:
