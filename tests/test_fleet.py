@@ -117,6 +117,37 @@ async def test_a_lease_ends_unless_renewed(client: aioredis.Redis) -> None:
     assert await client.hlen(keys.FLEET) == 0  # the dead one's record dropped by the other's renewals
 
 
+async def test_a_stop_ends_the_renewals_though_redis_py_lost_the_cancellation(
+    client: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker stopped while a renewal waits on Redis (one just back from a pause), redis-py
+    answering with the cancellation lost: leaving still ends the renewals, promptly (they
+    renewed for ever, and an archive worker given SIGTERM never exited)."""
+    member = Membership(client, "archive", lease_seconds=0.3)
+    await member.join()
+    renewing = asyncio.Event()
+    join = member.join
+
+    async def swallowing() -> None:
+        renewing.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            await join()  # (as redis-py does: the reply read, the cancellation lost)
+
+    monkeypatch.setattr(member, "join", swallowing)
+    stop = asyncio.Event()
+    leaving = None
+    async with contextlib.AsyncExitStack() as stack:
+        await stack.enter_async_context(member.kept(stop))
+        await asyncio.wait_for(renewing.wait(), 5)
+        leaving = asyncio.create_task(stack.aclose())
+        done, _ = await asyncio.wait({leaving}, timeout=5)
+        assert done, "leaving did not end: the renewals go on"
+    await leaving
+    assert await client.hlen(keys.FLEET) == 0
+
+
 def _change(log: list[str], new: Membership | None = None) -> Build:
     """Layout v3 -> v4, rolling: what it did, in order, in ``log``."""
 

@@ -92,6 +92,7 @@ class LiveLeases:
             except Exception as exc:  # Redis away: the next round tries again
                 raise_if_cancelled()
                 limited.log(logging.WARNING, "live-renew", "tenant live leases not renewed: %s", exc)
+            raise_if_cancelled()  # (redis-py may answer with the cancellation lost: fleet.py's keep)
 
     async def usage(self, tenant: str) -> int:
         """The tenant's live connections on every gateway now."""

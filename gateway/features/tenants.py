@@ -158,6 +158,7 @@ class Tenants:
             except Exception as exc:  # Redis away: the next round tries again
                 raise_if_cancelled()  # stopping, the CancelledError lost in a library
                 limited.log(logging.WARNING, "tenant-sweep", "tenant sweep: %s", exc)
+            raise_if_cancelled()  # (redis-py may answer with the cancellation lost: fleet.py's keep)
 
 
 RATES_SECONDS = 5.0  # a tenant's rate quotas are read again this often: a change applies within it

@@ -96,6 +96,7 @@ class UsageMeter:
                 except Exception as exc:  # Redis away: the next round tries again
                     raise_if_cancelled()
                     limited.log(logging.WARNING, "usage", "tenant usage not counted yet: %s", exc)
+                raise_if_cancelled()  # (redis-py may answer with the cancellation lost: fleet.py's keep)
         finally:  # stopping: what is counted goes out, if Redis answers in time
             try:
                 await asyncio.wait_for(self.flush(), 2.0)

@@ -182,6 +182,9 @@ class Membership:
             except Exception as exc:  # unreachable, a failover, ...: the next turn
                 raise_if_cancelled()  # stopping, the CancelledError lost in a library
                 log.debug("fleet lease not renewed: %s", exc)
+            # redis-py may also answer with the cancellation lost (a stop while it waited on a
+            # Redis just back from a pause): the loop would renew for ever, the stop wait on it.
+            raise_if_cancelled()
 
     @contextlib.asynccontextmanager
     async def kept(self, stop: asyncio.Event) -> AsyncIterator[None]:
