@@ -38,9 +38,11 @@ from .browser import headless_chromium
 from .conftest import serving
 
 try:
+    from playwright.async_api import TimeoutError as PlaywrightTimeout
     from playwright.async_api import expect
 except ImportError:  # the browser tests skip, saying so; the others run
     expect = None  # type: ignore[assignment]
+    PlaywrightTimeout = TimeoutError  # type: ignore[assignment,misc]
 
 WAIT_MS = 10_000  # every browser wait is bounded; a miss fails in seconds, not minutes
 TAIL_SECONDS = 1.0  # an append made elsewhere shows in the live tail within this
@@ -286,8 +288,15 @@ async def test_create_fork_and_close(redis_url: str, http: aiohttp.ClientSession
     run = f"console-{uuid.uuid4().hex[:8]}"
     async with serving(redis_url) as base:
         await page.goto(f"{base}{CONSOLE}")
-        await page.get_by_text("New stream", exact=True).click()  # opens the details
-        await page.get_by_label("Path", exact=True).fill(f"{run}/a")
+        path = page.get_by_label("Path", exact=True)
+        for _ in range(3):  # opens the details (a click before the page's first render may be undone)
+            await page.get_by_text("New stream", exact=True).click()
+            try:
+                await path.wait_for(state="visible", timeout=3000)
+                break
+            except PlaywrightTimeout:
+                continue
+        await path.fill(f"{run}/a")
         await page.get_by_label("Content type").first.fill("text/plain")
         await page.get_by_role("button", name="Create").click()
         await page.get_by_role("heading", name=f"{run}/a").wait_for()
