@@ -3,7 +3,10 @@
 -- order exactly as if it came alone (closure, content type, idempotent producer,
 -- If-Match, Stream-Expected-Offset and Stream-Seq checks, in that order: see
 -- append_one), committed together with its data. A condition is checked against the
--- stream as the appends before it in the call left it.
+-- stream as the appends before it in the call left it. What a stream's appends commit is
+-- written once after them (its meta, its producers: stage_commit), and its small appends'
+-- entries are stored merged (see MERGE_BYTES): Redis' work is per stream of a call, as
+-- far as it can be, not per append.
 -- KEYS: the five stream keys (_prelude.lua) of each stream and its subscription
 --   links (keys.stream_subs), one stream after another, then the outbox of the
 --   slot (keys.subs_outbox). On Redis Cluster every stream of a call hashes to
@@ -15,18 +18,19 @@
 --   (ARGV streams).
 -- ARGV streams: 1 append_count: its number of appends, 2.. appends: that many appends,
 --   a group each (ARGV appends).
--- ARGV appends: 1 media_type: content type normalized ('' when the body is empty),
---   2 close: '1' to close after appending, 3 stream_seq: Stream-Seq ('' none),
---   4 producer_id: producer id ('' none), 5 producer_epoch: producer epoch,
---   6 producer_seq: producer seq, 7 if_match: If-Match ('' none; else as
---   gateway/protocol/conditions.py encodes it, see if_match),
---   8 expected_offset: Stream-Expected-Offset as a position ('' none),
---   9 token: the token of a large append written in steps ('' none: see PEND_MS in
---   _prelude.lua; this call checks it and marks it under way, and writes its entries, if
---   any, as its first part), 10 total: "<positions> <bytes>" the whole of it takes (a
---   large append's; '' none), 11 entry_count: entry count k, 12.. entries: the k entries (none =
---   close-only), each as two arguments: the positions it takes, its bytes (add_entries
---   in _prelude.lua; gateway/protocol/entries.py).
+-- ARGV appends: 1 head: the append's fixed fields, joined by '\n' (none holds one: they
+--   come from header values): media_type (content type normalized, '' when the body is
+--   empty), close ('1' to close after appending), stream_seq (Stream-Seq, '' none),
+--   if_match (If-Match, '' none; else as gateway/protocol/conditions.py encodes it, see
+--   if_match), expected_offset (Stream-Expected-Offset as a position, '' none), token
+--   (a large append's, written in steps: '' none; see PEND_MS in _prelude.lua: this call
+--   checks it and marks it under way, and writes its entries, if any, as its first part),
+--   total ("<positions> <bytes>" the whole of a large append takes, '' none); or '': the
+--   same as the append before it in the call (the common case: each argument costs Redis
+--   and Lua a string), 2 producer: "<epoch> <seq> <id>" of an idempotent producer ('' none;
+--   also what each entry stores, see add_entries), 3 entry_count: entry count k, 4..
+--   entries: the k entries (none = close-only), each as two arguments: the positions it
+--   takes, its bytes (add_entries in _prelude.lua; gateway/protocol/entries.py).
 -- A stream with subscribers (its links exist) whose tail moved is put in the
 -- outbox for the subscription workers (workers/delivery.py), in this script: a
 -- crash after it cannot lose the wake; the first such append since the workers
@@ -35,11 +39,13 @@
 --   "<old tail> <new tail> <closed 0|1>", plus for small appends
 --   " <size>,<size>,...\n<data><data>..." (gateway/protocol/notices.py), a size being an
 --   entry's length, or "<length>:<positions>" for a JSON entry of several messages.
--- Each append runs under pcall: an error in one (a corrupt key, a refusal such
--- as OOM or READONLY at its first write) is that append's result alone; the
--- batch goes on. Checks come before writes, and Redis refuses a script's writes
--- only at its first one, so a failed append has written nothing unless the
--- error hit between its writes (reported as 'partial'; not seen in practice).
+-- Each append runs under pcall: an error in one (a corrupt key) is that append's result
+-- alone; the batch goes on. A stream's write that fails (a refusal such as OOM or
+-- READONLY at the script's first write, a corrupt log) fails every append of that stream
+-- in the call that was to be stored with it (fail_stream); other streams' go on. Checks
+-- come before writes, and Redis refuses a script's writes only at its first one, so a
+-- failed append has written nothing unless the error hit between writes (reported as
+-- 'partial'; not seen in practice).
 -- Returns one result per append, in ARGV order:
 --   {'ok', tail, closed[, created]}  appended / closed (created: the incarnation, for the
 --                                    ETag; none when a close-only append found it closed)
@@ -66,6 +72,8 @@ WAKE = ARGV[2]
 local tenant_keys = ARGV[3] == '' and 0 or 5
 tenant_bind(#KEYS - 5, ARGV[3], now)
 
+local function clear(list) for k = #list, 1, -1 do list[k] = nil end end
+
 local function error_text(e)
   if type(e) == 'table' then return tostring(e.err or e.msg or '?') end
   return tostring(e)
@@ -77,15 +85,63 @@ end
 -- ~2 of the ~13 µs of Lua such an append took (docs/benchmarks.md, fifth round).
 local m  -- its meta (load_meta)
 local changed  -- an append changed it: its notice goes out
-local appended  -- ARGV indices of the entries appended (their sizes), for the notice
+-- (Its tables are made once and emptied for each stream: a call holds up to hundreds of
+-- streams, and each table made is one more for Lua's collector.)
+local appended = {}  -- ARGV indices of the entries appended (their sizes), for the notice
 local writing  -- an append has stored something: an error after it is 'partial'
-local function mark_writing() writing = true end
+local stream_wrote  -- something of the stream's went in during this call (see lost)
+local function mark_writing() writing, stream_wrote = true, true end
+-- What its appends committed (stage_commit), written once after them (save_staged).
+-- An append's checks read `m` and `staged.prod`, so each sees the ones before it.
+local staged = {meta = {}, prod = {}}
+local tail_n  -- m.tail as a number
+
+-- Small appends to a stream in one call are stored together: their entries joined into
+-- entries of up to MERGE_BYTES (a JSON stream's messages joined by '\n', at most
+-- MERGE_MESSAGES: the bounds of gateway/protocol/entries.py), one XADD for many appends,
+-- not one each (the XADDs, their propagation to the AOF and replicas, and their memory were
+-- most of what Redis spent per append on one stream: docs/benchmarks.md). Entries are not
+-- append boundaries to readers: reads cut byte entries anywhere and split JSON ones into
+-- messages. An idempotent producer's append (its entries carry the producer), a large
+-- append's and a compacted stream's (a message an entry) are written as they come, after
+-- what was merged before them.
+local MERGE_BYTES, MERGE_MESSAGES = 65536, 1024
+local merged = {datas = {}}  -- the stream's entries not written yet: at (position), datas, took, bytes, messages
+local lost  -- a merged write failed: the stream's appends in this call fail (append_stream)
+
+local function flush()
+  if #merged.datas == 0 then return end
+  local datas = merged.datas
+  local data = #datas == 1 and datas[1] or table.concat(datas, merged.json and '\n' or '')
+  local ok, e = pcall(redis.call, 'XADD', LOG, eid(merged.at), 'd', data, 't', now_text)
+  if not ok then lost = error_text(e); error(e) end
+  stream_wrote = true
+  clear(merged.datas)
+  merged.at, merged.took, merged.bytes, merged.messages = merged.at + merged.took, 0, 0, 0
+end
+
+-- An append's entries ARGV[first..last], committed at the tail `from`, merged.
+local function merge_entries(from, first, last)
+  if #merged.datas == 0 then merged.at = from end
+  for k = first, last, 2 do
+    local data = ARGV[k + 1]
+    local took, messages = #data, 0
+    if merged.json then
+      took = tonumber(ARGV[k])
+      messages = #data - took + 1
+    end
+    if merged.bytes + #data > MERGE_BYTES or merged.messages + messages > MERGE_MESSAGES then flush() end
+    merged.datas[#merged.datas + 1] = data
+    merged.took, merged.bytes, merged.messages = merged.took + took, merged.bytes + #data, merged.messages + messages
+  end
+end
 
 -- An entry's size in a notice: its length, or "<length>:<positions>" when it takes
--- other positions than bytes (a JSON entry of several messages).
+-- other positions than bytes (a JSON entry of several messages). A byte entry takes its
+-- length: the positions argument is its size as it is (no number made into text again).
 local function notice_size(index)
   local data, took = ARGV[index + 1], ARGV[index]
-  if #data == tonumber(took) then return #data end
+  if not merged.json or #data == tonumber(took) then return took end
   return #data .. ':' .. took
 end
 
@@ -94,29 +150,50 @@ local function finish_stream(old_tail, was_closed)
   touch(m, now, 0)
   if m.exp and not m.ttl then apply_expiry(m) end  -- a new log key needs the deadline too
   if m.tail ~= old_tail or m.closed ~= was_closed then
-    local notice = old_tail .. ' ' .. m.tail .. (m.closed and ' 1' or ' 0') .. ' t' .. now_text
-    if #appended > 0 and tonumber(m.tail) - tonumber(old_tail) <= notice_bytes then
+    local notice  -- (each made in one concatenation: every string made costs Lua)
+    local closed = m.closed and ' 1 t' or ' 0 t'
+    if #appended > 0 and tail_n - tonumber(old_tail) <= notice_bytes then
       if #appended == 1 then  -- the common case, without the tables
-        notice = notice .. ' ' .. notice_size(appended[1]) .. '\n' .. ARGV[appended[1] + 1]
+        notice = old_tail .. ' ' .. m.tail .. closed .. now_text .. ' ' .. notice_size(appended[1]) .. '\n'
+          .. ARGV[appended[1] + 1]
       else
         local sizes, datas = {}, {}
         for k, index in ipairs(appended) do
           sizes[k], datas[k] = notice_size(index), ARGV[index + 1]
         end
-        notice = notice .. ' ' .. table.concat(sizes, ',') .. '\n' .. table.concat(datas)
+        notice = old_tail .. ' ' .. m.tail .. closed .. now_text .. ' ' .. table.concat(sizes, ',') .. '\n'
+          .. table.concat(datas)
       end
+    else
+      notice = old_tail .. ' ' .. m.tail .. closed .. now_text
     end
     publish(notice)
     record_for_subscribers(false)
   end
 end
 
+-- The head in force (ARGV appends' 1: '' repeats the one before), parsed once each.
+local head_text, head
+local function head_of(text)
+  if text ~= '' and text ~= head_text then
+    local ctn, close, sseq, im, eo, token, total =
+      string.match(text, '^(.-)\n(.-)\n(.-)\n(.-)\n(.-)\n(.-)\n(.-)$')
+    head_text = text
+    head = {ctn = ctn, close = close == '1', sseq = sseq, im = im, eo = eo, token = token, total = total}
+  end
+  return head
+end
+
 -- One append to the stream `m`: its checks, then its entries and commit.
-local function append_one(ctn, close, sseq, pid, ep, sq, im, eo, token, total, first, last)
+local function append_one(h, producer, first, last)
+  local ctn, close, sseq, im, eo, token, total = h.ctn, h.close, h.sseq, h.im, h.eo, h.token, h.total
   if m.pend then return {'busy', m.pend_until} end  -- behind a large append this call began
   local has_data = last >= first or token ~= ''  -- a large append begins without its data
-  local tuple = nil
-  if pid ~= '' then tuple = pid .. '\n' .. ep .. '\n' .. sq end
+  local tuple, pid, ep, sq = nil, nil, nil, nil
+  if producer ~= '' then
+    ep, sq, pid = string.match(producer, '^(%d+) (%d+) (.*)$')
+    tuple = pid .. '\n' .. ep .. '\n' .. sq
+  end
   if m.closed then
     if tuple and m.closed_by == tuple then return {'dup', m.tail, '1', ep, sq} end
     if close and not has_data then changed = true; return {'ok', m.tail, '1'} end
@@ -125,7 +202,7 @@ local function append_one(ctn, close, sseq, pid, ep, sq, im, eo, token, total, f
   if has_data and ctn ~= m.ctn then return {'ct_mismatch'} end
   if tuple then
     local epoch, seq = tonumber(ep), tonumber(sq)
-    local state = redis.call('HGET', PROD, pid)
+    local state = staged.prod[pid] or redis.call('HGET', PROD, pid)
     if state then
       local cur, prev = string.match(state, '^(%d+):(%d+)$')
       cur, prev = tonumber(cur), tonumber(prev)
@@ -160,7 +237,19 @@ local function append_one(ctn, close, sseq, pid, ep, sq, im, eo, token, total, f
     if refusal then return refusal end
   end
 
-  local tail = add_entries(m, first, last, now, tuple and (ep .. ' ' .. sq .. ' ' .. pid), mark_writing)
+  local from, tail = tail_n, nil
+  local merging = not tuple and token == '' and not m.cmp
+  if merging then  -- (a byte entry takes its length: no tonumber)
+    tail = from
+    if merged.json then
+      for k = first, last, 2 do tail = tail + tonumber(ARGV[k]) end
+    else
+      for k = first + 1, last, 2 do tail = tail + #ARGV[k] end
+    end
+  else
+    flush()  -- (what was merged before it goes first)
+    tail = add_entries(m, first, last, now_text, tuple and producer, mark_writing)
+  end
   if token ~= '' then  -- a large append's first part: beyond the tail, not committed
     m.pend = token
     -- (its tenant is charged, and checked again, when the last part commits it: pend_tb)
@@ -168,7 +257,9 @@ local function append_one(ctn, close, sseq, pid, ep, sq, im, eo, token, total, f
       'pend_to', fmt(tonumber(m.tail) + tonumber(string.match(total, '^%d+'))), 'pend_until', fmt(now + PEND_MS))
     return {'pending', m.tail, m.cmp and '1' or '0'}
   end
-  commit(m, tail, sseq, close, tuple, pid, ep, sq)
+  stage_commit(m, staged, tail, sseq, close, tuple, pid, ep, sq)
+  tail_n = tail
+  if merging then merge_entries(from, first, last) end  -- (committed: stored with the stream's)
   if TN and has_data then
     if adopt then tenant_adopt(m) end
     tenant_charge(size, false)
@@ -181,14 +272,30 @@ local function append_one(ctn, close, sseq, pid, ep, sq, im, eo, token, total, f
   return {'ok', m.tail, close and '1' or '0', m.created}
 end
 
--- Every append of the stream gets the same `result`; returns the ARGV index after them.
-local function answer_all(i, count, result)
-  i = i + 1
-  for _ = 1, count do
+-- The next `n` appends, from ARGV index `i`, all answered `result`; returns the index after them.
+local function answer_each(i, n, result)
+  for _ = 1, n do
     results[#results + 1] = result
-    i = i + 11 + 2 * tonumber(ARGV[i + 10])
+    head_of(ARGV[i])  -- (the next append's '' may repeat it)
+    i = i + 3 + 2 * tonumber(ARGV[i + 2])
   end
   return i
+end
+
+-- Every append of the stream gets the same `result`; returns the ARGV index after them.
+local function answer_all(i, count, result) return answer_each(i + 1, count, result) end
+
+-- A write of the stream's failed (`lost`): none of its appends in this call is stored as
+-- answered, so those answered 'ok' fail ('none': nothing of the stream's went in; else
+-- 'partial', not seen in practice: Redis refuses a script's writes only at its first), and
+-- so do the `remaining` ones from ARGV index `i`. Returns the index after them.
+local function fail_stream(first_result, i, remaining)
+  local failure = {'error', stream_wrote and 'partial' or 'none', lost}
+  redis.log(redis.LOG_WARNING, 'append failed: ' .. lost)
+  for k = first_result, #results do
+    if results[k][1] == 'ok' then results[k] = failure end
+  end
+  return answer_each(i, remaining, failure)
 end
 
 -- The appends of the stream whose keys are bound now; `i` indexes its count in ARGV.
@@ -206,24 +313,39 @@ local function append_stream(i)
   end
   if tenant_foreign(m) then return answer_all(i, count, {'foreign'}) end
   local old_tail, was_closed = m.tail, m.closed
-  changed, appended = false, {}
+  tail_n = tonumber(m.tail)
+  changed = false
+  clear(appended)
+  local meta, prod = staged.meta, staged.prod
+  meta.tail, meta.seq, meta.closed, meta.closed_by = nil, nil, nil, nil  -- (all stage_commit sets)
+  if next(prod) then for id in pairs(prod) do prod[id] = nil end end
+  clear(merged.datas)
+  merged.took, merged.bytes, merged.messages, merged.json = 0, 0, 0, m.ctn == 'application/json'
+  lost, stream_wrote = nil, false
+  local first_result = #results + 1
   i = i + 1
-  for _ = 1, count do
-    local first = i + 11
-    local last = first + 2 * tonumber(ARGV[i + 10]) - 1
+  for n = 1, count do
+    local first = i + 3
+    local last = first + 2 * tonumber(ARGV[i + 2]) - 1
     writing = false
     local result
-    ok, result = pcall(append_one, ARGV[i], ARGV[i + 1] == '1', ARGV[i + 2], ARGV[i + 3], ARGV[i + 4],
-      ARGV[i + 5], ARGV[i + 6], ARGV[i + 7], ARGV[i + 8], ARGV[i + 9], first, last)
+    ok, result = pcall(append_one, head_of(ARGV[i]), ARGV[i + 1], first, last)
     if not ok then
       result = {'error', writing and 'partial' or 'none', error_text(result)}
       redis.log(redis.LOG_WARNING, 'append failed: ' .. result[3])
     end
     results[#results + 1] = result
     i = last + 1
+    if lost then return fail_stream(first_result, i, count - n) end
+  end
+  local e
+  ok, e = pcall(flush)
+  if ok then ok, e = pcall(save_staged, staged) end  -- (fails only with a corrupt producers key)
+  if not ok then
+    lost = lost or error_text(e)
+    return fail_stream(first_result, i, 0)
   end
   if not changed then return i end
-  local e
   ok, e = pcall(finish_stream, old_tail, was_closed)
   if not ok then redis.log(redis.LOG_WARNING, 'after appending: ' .. error_text(e)) end
   return i

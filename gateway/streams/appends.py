@@ -38,6 +38,7 @@ from ..redis_io.contracts import (
     AppendArgv,
     AppendDone,
     AppendDup,
+    AppendHead,
     AppendItem,
     AppendPartArgv,
     AppendPending,
@@ -72,38 +73,39 @@ class AppendRequest:
     total_bytes: int = 0  # ... and the bytes it stores
     tenant: str = ""  # whose quotas it counts against ('' none): not an argument of its own
 
+    def _total(self) -> str:
+        return f"{self.total} {self.total_bytes}" if self.token else ""
+
     def script_args(self) -> list[Any]:
-        """This append's part of append.lua's ARGV (its group, then its entries)."""
+        """This append's part of append.lua's ARGV (its group, then its entries), its head
+        given in full (``_call`` leaves out one that repeats the append's before it)."""
         p = self.producer
-        item = AppendItem(
+        head = AppendHead(
             self.media_type,
             "1" if self.close else "0",
             self.stream_seq,
-            p.id if p else "",
-            p.epoch if p else "",
-            p.seq if p else "",
             self.if_match,
             self.expected_offset,
             self.token,
-            f"{self.total} {self.total_bytes}" if self.token else "",
-            len(self.entries),
+            self._total(),
         )
+        item = AppendItem(head.joined(), f"{p.epoch} {p.seq} {p.id}" if p else "", len(self.entries))
         return [*item, *flatten(self.entries)]
 
     def encoded_args(self) -> list[bytes]:
         """``encoded(self.script_args())`` (the AppendItem contract), made directly: the
-        generic one tests each of an append's ~13 arguments for its type (~2 µs an append);
-        here each is known (tests/test_append_args.py: byte for byte the same). An entry's
-        data, a memoryview slice of a large body, passes as it is, as there."""
+        generic one tests each argument for its type; here each is known
+        (tests/test_append_args.py: byte for byte the same). An entry's data, a memoryview
+        slice of a large body, passes as it is, as there."""
         p = self.producer
         out: list[Any] = [
-            _utf8(self.media_type),
-            b"1" if self.close else b"0",
-            _utf8(self.stream_seq),
+            _utf8(
+                f"{self.media_type}\n{'1' if self.close else '0'}\n{self.stream_seq}\n{self.if_match}\n"
+                f"{self.expected_offset}\n{self.token}\n{self._total()}"
+            ),
+            _utf8(f"{p.epoch} {p.seq} {p.id}") if p else b"",
+            b"%d" % len(self.entries),
         ]
-        out += (_utf8(p.id), b"%d" % p.epoch, b"%d" % p.seq) if p else (b"", b"", b"")
-        out += (_utf8(self.if_match), _utf8(self.expected_offset), _utf8(self.token))
-        out += (b"%d %d" % (self.total, self.total_bytes) if self.token else b"", b"%d" % len(self.entries))
         for size, data in self.entries:
             out += (b"%d" % size, data)
         return out
@@ -373,11 +375,18 @@ class Appends:
         tenant = batch[part[0]][1].tenant
         args: list[Any] = [*AppendArgv(self.notice_payload_bytes, keys.SUBS_WAKE_CHANNEL, tenant)]
         order: list[int] = []
+        head = None
         for sid, indexes in by_stream.items():
             script_keys += self._stream_keys(sid)
             args += AppendStream(len(indexes))
             for i in indexes:
-                args += batch[i][2]
+                item = batch[i][2]
+                if item[0] == head:  # the same head as the append before: '' (AppendItem)
+                    args.append(b"")
+                    args += item[1:]
+                else:
+                    head = item[0]
+                    args += item
             order += indexes
         if tenant:
             script_keys += self._tenant_keys(tenant)
