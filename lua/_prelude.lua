@@ -308,11 +308,11 @@ local function stage_commit(m, staged, tail, sseq, close, tuple, pid, ep, sq)
 end
 
 local function save_staged(staged)
-  local meta = staged.meta
-  if meta.seq or meta.closed then
-    redis.call('HSET', META, unpack(flat(meta)))
-  elseif meta.tail then  -- the common case, without the table
-    redis.call('HSET', META, 'tail', meta.tail)
+  local fields = staged.meta
+  if fields.seq or fields.closed then
+    redis.call('HSET', META, unpack(flat(fields)))
+  elseif fields.tail then  -- the common case, without the table
+    redis.call('HSET', META, 'tail', fields.tail)
   end
   if next(staged.prod) then redis.call('HSET', PROD, unpack(flat(staged.prod))) end
 end

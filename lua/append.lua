@@ -316,9 +316,9 @@ local function append_stream(i)
   tail_n = tonumber(m.tail)
   changed = false
   clear(appended)
-  local meta, prod = staged.meta, staged.prod
-  meta.tail, meta.seq, meta.closed, meta.closed_by = nil, nil, nil, nil  -- (all stage_commit sets)
-  if next(prod) then for id in pairs(prod) do prod[id] = nil end end
+  local fields, states = staged.meta, staged.prod
+  fields.tail, fields.seq, fields.closed, fields.closed_by = nil, nil, nil, nil  -- (all stage_commit sets)
+  if next(states) then for id in pairs(states) do states[id] = nil end end
   clear(merged.datas)
   merged.took, merged.bytes, merged.messages, merged.json = 0, 0, 0, m.ctn == 'application/json'
   lost, stream_wrote = nil, false
