@@ -307,14 +307,15 @@ local function stage_commit(m, staged, tail, sseq, close, tuple, pid, ep, sq)
   if tuple then staged.prod[pid] = ep .. ':' .. sq end
 end
 
+-- The producers first: should their key be refused (corrupt), the tail has not moved.
 local function save_staged(staged)
+  if next(staged.prod) then redis.call('HSET', PROD, unpack(flat(staged.prod))) end
   local fields = staged.meta
   if fields.seq or fields.closed then
     redis.call('HSET', META, unpack(flat(fields)))
   elseif fields.tail then  -- the common case, without the table
     redis.call('HSET', META, 'tail', fields.tail)
   end
-  if next(staged.prod) then redis.call('HSET', PROD, unpack(flat(staged.prod))) end
 end
 
 local function commit(m, tail, sseq, close, tuple, pid, ep, sq)

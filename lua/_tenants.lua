@@ -118,6 +118,20 @@ local function tenant_charge(bytes, new_stream)
   TN.dirty = true
 end
 
+-- What the bound tenant was charged so far in this call, for tenant_undo (nil: none bound).
+local function tenant_mark()
+  if not TN then return nil end
+  return {TN.stored, TN.written, TN.bytes_in, TN.appends, TN.grown[stream_sid()] or false}
+end
+
+-- The stream's (META's) writes failed after their charges (append.lua fail_stream): back to
+-- the `mark`. An adoption stays: its writes (meta 'tn', the tenant's streams) were made.
+local function tenant_undo(mark)
+  if not mark then return end
+  TN.stored, TN.written, TN.bytes_in, TN.appends = mark[1], mark[2], mark[3], mark[4]
+  TN.grown[stream_sid()] = mark[5] or nil
+end
+
 -- At the end of a call: the usage written back, the meter counted (once a call). The bytes
 -- stored until now are metered as byte-seconds (whole seconds; the rest carried over) in
 -- the hour of the call: every change, and the sweep (tenant_sweep.lua), accrues them.

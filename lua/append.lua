@@ -106,14 +106,19 @@ local tail_n  -- m.tail as a number
 -- append's and a compacted stream's (a message an entry) are written as they come, after
 -- what was merged before them.
 local MERGE_BYTES, MERGE_MESSAGES = 65536, 1024
-local merged = {datas = {}}  -- the stream's entries not written yet: at (position), datas, took, bytes, messages
-local lost  -- a merged write failed: the stream's appends in this call fail (append_stream)
+-- The stream's entries not written yet: at (position), datas, took, bytes, messages.
+local merged = {datas = {}}
+local lost  -- a write of the stream's failed (flush, save_staged): its appends in this call fail
+
+local function write_merged()
+  local datas = merged.datas
+  local data = #datas == 1 and datas[1] or table.concat(datas, merged.json and '\n' or '')
+  redis.call('XADD', LOG, eid(merged.at), 'd', data, 't', now_text)
+end
 
 local function flush()
   if #merged.datas == 0 then return end
-  local datas = merged.datas
-  local data = #datas == 1 and datas[1] or table.concat(datas, merged.json and '\n' or '')
-  local ok, e = pcall(redis.call, 'XADD', LOG, eid(merged.at), 'd', data, 't', now_text)
+  local ok, e = pcall(write_merged)
   if not ok then lost = error_text(e); error(e) end
   stream_wrote = true
   clear(merged.datas)
@@ -130,9 +135,11 @@ local function merge_entries(from, first, last)
       took = tonumber(ARGV[k])
       messages = #data - took + 1
     end
-    if merged.bytes + #data > MERGE_BYTES or merged.messages + messages > MERGE_MESSAGES then flush() end
+    local bytes = merged.bytes + #data + (merged.json and 1 or 0)  -- (with its '\n')
+    if bytes > MERGE_BYTES or merged.messages + messages > MERGE_MESSAGES then flush() end
     merged.datas[#merged.datas + 1] = data
-    merged.took, merged.bytes, merged.messages = merged.took + took, merged.bytes + #data, merged.messages + messages
+    merged.took, merged.bytes = merged.took + took, merged.bytes + #data + (merged.json and 1 or 0)
+    merged.messages = merged.messages + messages
   end
 end
 
@@ -259,7 +266,10 @@ local function append_one(h, producer, first, last)
   end
   stage_commit(m, staged, tail, sseq, close, tuple, pid, ep, sq)
   tail_n = tail
-  if merging then merge_entries(from, first, last) end  -- (committed: stored with the stream's)
+  if merging then  -- (committed: stored with the stream's, so an error after this is 'partial')
+    writing = true
+    merge_entries(from, first, last)
+  end
   if TN and has_data then
     if adopt then tenant_adopt(m) end
     tenant_charge(size, false)
@@ -285,16 +295,17 @@ end
 -- Every append of the stream gets the same `result`; returns the ARGV index after them.
 local function answer_all(i, count, result) return answer_each(i + 1, count, result) end
 
--- A write of the stream's failed (`lost`): none of its appends in this call is stored as
--- answered, so those answered 'ok' fail ('none': nothing of the stream's went in; else
--- 'partial', not seen in practice: Redis refuses a script's writes only at its first), and
--- so do the `remaining` ones from ARGV index `i`. Returns the index after them.
-local function fail_stream(first_result, i, remaining)
+-- A write of the stream's failed (`lost`): its state as its appends in this call left it is
+-- not stored, so every one of them fails, whatever it was answered (a refusal or a producer's
+-- duplicate was decided against that state too): 'none' when nothing of the stream's went in,
+-- else 'partial' (not seen in practice: Redis refuses a script's writes only at its first),
+-- and so do the `remaining` ones from ARGV index `i`; what they were charged to their tenant
+-- (`charged`, tenant_mark) is taken back. Returns the index after them.
+local function fail_stream(first_result, i, remaining, charged)
   local failure = {'error', stream_wrote and 'partial' or 'none', lost}
   redis.log(redis.LOG_WARNING, 'append failed: ' .. lost)
-  for k = first_result, #results do
-    if results[k][1] == 'ok' then results[k] = failure end
-  end
+  for k = first_result, #results do results[k] = failure end
+  tenant_undo(charged)
   return answer_each(i, remaining, failure)
 end
 
@@ -322,7 +333,7 @@ local function append_stream(i)
   clear(merged.datas)
   merged.took, merged.bytes, merged.messages, merged.json = 0, 0, 0, m.ctn == 'application/json'
   lost, stream_wrote = nil, false
-  local first_result = #results + 1
+  local first_result, charged = #results + 1, tenant_mark()
   i = i + 1
   for n = 1, count do
     local first = i + 3
@@ -336,14 +347,14 @@ local function append_stream(i)
     end
     results[#results + 1] = result
     i = last + 1
-    if lost then return fail_stream(first_result, i, count - n) end
+    if lost then return fail_stream(first_result, i, count - n, charged) end
   end
   local e
   ok, e = pcall(flush)
   if ok then ok, e = pcall(save_staged, staged) end  -- (fails only with a corrupt producers key)
   if not ok then
     lost = lost or error_text(e)
-    return fail_stream(first_result, i, 0)
+    return fail_stream(first_result, i, 0, charged)
   end
   if not changed then return i end
   ok, e = pcall(finish_stream, old_tail, was_closed)

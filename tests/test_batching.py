@@ -309,14 +309,42 @@ async def test_a_stream_whose_write_fails_fails_alone_and_whole(redis) -> None:
         await redis.hset(keys.stream_keys(sid)[0], mapping=PLAIN_META)
     await redis.set(keys.stream_keys(broken)[1], "not a stream")
     requests = [AppendRequest("text/plain", False, "", None, [(len(d), d)]) for d in (b"a", b"bb", b"ccc")]
+    # ... and one refused against what the three left (tail 6, not 0): the state it was
+    # refused against is not stored either, so it fails too, rather than name a tail that never was
+    refused = AppendRequest("text/plain", False, "", None, [(1, b"d")], expected_offset="0")
+    batch = [(broken, r, r.encoded_args()) for r in [*requests, refused]]
+    batch += [(fine, r, r.encoded_args()) for r in requests]
+    appends = Appends(Scripts(redis), Hints(redis, enabled=False), 8192)
+    script_keys, args, _ = appends._call(batch, list(range(len(batch))))
+    try:
+        replies = await Scripts(redis).run("append", script_keys, args)
+        assert [r[:2] for r in replies[:4]] == [[b"error", b"none"]] * 4, replies
+        assert [r[:2] for r in replies[4:]] == [[b"ok", b"1"], [b"ok", b"3"], [b"ok", b"6"]], replies
+        assert await redis.hget(keys.stream_keys(broken)[0], "tail") == b"0"
+        assert await redis.xrange(keys.stream_keys(fine)[1]) == [(b"0-1", {b"d": b"abbccc", b"t": ANY_TIME})]
+    finally:
+        await redis.delete(*keys.stream_keys(broken)[:4], *keys.stream_keys(fine)[:4])
+
+
+async def test_a_failed_streams_appends_are_not_charged_to_their_tenant(redis) -> None:
+    """The same failure for a tenant's call: the failed stream's appends, charged as they were
+    checked, are taken back; the usage counts the stored stream's bytes alone."""
+    tenant = f"t-{uuid.uuid4().hex[:8]}"
+    broken, fine = (keys.stream_id(f"{name}-{uuid.uuid4().hex[:8]}") for name in ("broken", "fine"))
+    for sid in (broken, fine):
+        await redis.hset(keys.stream_keys(sid)[0], mapping={**PLAIN_META, "tn": tenant})
+    await redis.set(keys.stream_keys(broken)[1], "not a stream")
+    requests = [
+        AppendRequest("text/plain", False, "", None, [(len(d), d)], tenant=tenant) for d in (b"aaaa", b"bb")
+    ]
     batch = [(sid, r, r.encoded_args()) for sid in (broken, fine) for r in requests]
     appends = Appends(Scripts(redis), Hints(redis, enabled=False), 8192)
     script_keys, args, _ = appends._call(batch, list(range(len(batch))))
     try:
         replies = await Scripts(redis).run("append", script_keys, args)
-        assert [r[:2] for r in replies[:3]] == [[b"error", b"none"]] * 3, replies
-        assert [r[:2] for r in replies[3:]] == [[b"ok", b"1"], [b"ok", b"3"], [b"ok", b"6"]], replies
-        assert await redis.hget(keys.stream_keys(broken)[0], "tail") == b"0"
-        assert await redis.xrange(keys.stream_keys(fine)[1]) == [(b"0-1", {b"d": b"abbccc", b"t": ANY_TIME})]
+        assert [r[0] for r in replies] == [b"error", b"error", b"ok", b"ok"], replies
+        assert await redis.hget(keys.tenant(tenant), "u.stored_bytes") == b"6"  # fine's 4 + 2
+        assert await redis.hget(keys.tenant_streams(tenant), broken) is None
     finally:
         await redis.delete(*keys.stream_keys(broken)[:4], *keys.stream_keys(fine)[:4])
+        await redis.delete(keys.tenant(tenant), keys.tenant_streams(tenant))
