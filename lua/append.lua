@@ -135,10 +135,10 @@ local function merge_entries(from, first, last)
       took = tonumber(ARGV[k])
       messages = #data - took + 1
     end
-    local bytes = merged.bytes + #data + (merged.json and 1 or 0)  -- (with its '\n')
-    if bytes > MERGE_BYTES or merged.messages + messages > MERGE_MESSAGES then flush() end
+    local size = #data + (merged.json and 1 or 0)  -- (with its '\n')
+    if merged.bytes + size > MERGE_BYTES or merged.messages + messages > MERGE_MESSAGES then flush() end
     merged.datas[#merged.datas + 1] = data
-    merged.took, merged.bytes = merged.took + took, merged.bytes + #data + (merged.json and 1 or 0)
+    merged.took, merged.bytes = merged.took + took, merged.bytes + size
     merged.messages = merged.messages + messages
   end
 end
@@ -157,22 +157,17 @@ local function finish_stream(old_tail, was_closed)
   touch(m, now, 0)
   if m.exp and not m.ttl then apply_expiry(m) end  -- a new log key needs the deadline too
   if m.tail ~= old_tail or m.closed ~= was_closed then
-    local notice  -- (each made in one concatenation: every string made costs Lua)
-    local closed = m.closed and ' 1 t' or ' 0 t'
+    local notice = old_tail .. ' ' .. m.tail .. (m.closed and ' 1' or ' 0') .. ' t' .. now_text
     if #appended > 0 and tail_n - tonumber(old_tail) <= notice_bytes then
       if #appended == 1 then  -- the common case, without the tables
-        notice = old_tail .. ' ' .. m.tail .. closed .. now_text .. ' ' .. notice_size(appended[1]) .. '\n'
-          .. ARGV[appended[1] + 1]
+        notice = notice .. ' ' .. notice_size(appended[1]) .. '\n' .. ARGV[appended[1] + 1]
       else
         local sizes, datas = {}, {}
         for k, index in ipairs(appended) do
           sizes[k], datas[k] = notice_size(index), ARGV[index + 1]
         end
-        notice = old_tail .. ' ' .. m.tail .. closed .. now_text .. ' ' .. table.concat(sizes, ',') .. '\n'
-          .. table.concat(datas)
+        notice = notice .. ' ' .. table.concat(sizes, ',') .. '\n' .. table.concat(datas)
       end
-    else
-      notice = old_tail .. ' ' .. m.tail .. closed .. now_text
     end
     publish(notice)
     record_for_subscribers(false)
