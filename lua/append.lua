@@ -46,9 +46,13 @@
 -- come before writes, and Redis refuses a script's writes only at its first one, so a
 -- failed append has written nothing unless the error hit between writes (reported as
 -- 'partial'; not seen in practice).
--- Returns one result per append, in ARGV order:
---   {'ok', tail, closed[, created]}  appended / closed (created: the incarnation, for the
---                                    ETag; none when a close-only append found it closed)
+-- Returns one result per append, in ARGV order, except that one result answers a run of
+--   plain appends (stored, not closing) to one stream, one after another in ARGV, with
+--   answers: their number when more than one (expand_runs in gateway/streams/appends.py).
+--   Its tail is where the last of them ended, and each one before ended where the one
+--   after it began: that tail less the positions the one after it took.
+--   {'ok', tail, closed[, created[, answers]]}  appended / closed (created: the incarnation, for
+--                                    the ETag; none when a close-only append found it closed)
 --   {'pending', tail, one_each}     a large append's first part is written (append_part.lua goes
 --                                    on); one_each: '1' when its parts store a message an entry
 --                                    (a compacted stream: add_entries)
@@ -73,6 +77,10 @@ local tenant_keys = ARGV[3] == '' and 0 or 5
 tenant_bind(#KEYS - 5, ARGV[3], now)
 
 local function clear(list) for k = #list, 1, -1 do list[k] = nil end end
+
+-- A count argument as a number: nearly always '1', which compares as a pointer (Lua interns
+-- strings), where tonumber costs ~1k instructions (glibc's strtod), twice an append.
+local function count_of(text) if text == '1' then return 1 end return tonumber(text) end
 
 local function error_text(e)
   if type(e) == 'table' then return tostring(e.err or e.msg or '?') end
@@ -153,12 +161,12 @@ local function notice_size(index)
 end
 
 -- After a stream's appends: move its deadline and publish what changed.
-local function finish_stream(old_tail, was_closed)
+local function finish_stream(old_tail, old_n, was_closed)
   touch(m, now, 0)
   if m.exp and not m.ttl then apply_expiry(m) end  -- a new log key needs the deadline too
   if m.tail ~= old_tail or m.closed ~= was_closed then
     local notice = old_tail .. ' ' .. m.tail .. (m.closed and ' 1' or ' 0') .. ' t' .. now_text
-    if #appended > 0 and tail_n - tonumber(old_tail) <= notice_bytes then
+    if #appended > 0 and tail_n - old_n <= notice_bytes then
       if #appended == 1 then  -- the common case, without the tables
         notice = notice .. ' ' .. notice_size(appended[1]) .. '\n' .. ARGV[appended[1] + 1]
       else
@@ -185,6 +193,12 @@ local function head_of(text)
   end
   return head
 end
+
+-- What append_one answers for a plain append (stored, not closing): the stream's plain
+-- appends one after another share one result, a run (Returns, append_stream). A result per
+-- append, turned into RESP and read by the gateway, was ~14% of what Redis spent per append
+-- on one stream (docs/benchmarks.md).
+local PLAIN = {}
 
 -- One append to the stream `m`: its checks, then its entries and commit.
 local function append_one(h, producer, first, last)
@@ -274,7 +288,8 @@ local function append_one(h, producer, first, last)
   -- after its XADDs, 'partial') must not reach readers beside the appends that did.
   for i = first, last, 2 do appended[#appended + 1] = i end
   changed = true
-  return {'ok', m.tail, close and '1' or '0', m.created}
+  if close then return {'ok', m.tail, '1', m.created} end
+  return PLAIN
 end
 
 -- The next `n` appends, from ARGV index `i`, all answered `result`; returns the index after them.
@@ -282,7 +297,7 @@ local function answer_each(i, n, result)
   for _ = 1, n do
     results[#results + 1] = result
     head_of(ARGV[i])  -- (the next append's '' may repeat it)
-    i = i + 3 + 2 * tonumber(ARGV[i + 2])
+    i = i + 3 + 2 * count_of(ARGV[i + 2])
   end
   return i
 end
@@ -299,7 +314,13 @@ local function answer_all(i, count, result) return answer_each(i + 1, count, res
 local function fail_stream(first_result, i, remaining, charged)
   local failure = {'error', stream_wrote and 'partial' or 'none', lost}
   redis.log(redis.LOG_WARNING, 'append failed: ' .. lost)
-  for k = first_result, #results do results[k] = failure end
+  local answered = 0  -- the appends its results so far answer (a run answers several)
+  for k = #results, first_result, -1 do
+    local result = results[k]
+    answered = answered + (result[1] == 'ok' and result[5] or 1)
+    results[k] = nil
+  end
+  for _ = 1, answered do results[#results + 1] = failure end
   tenant_undo(charged)
   return answer_each(i, remaining, failure)
 end
@@ -307,7 +328,7 @@ end
 -- The appends of the stream whose keys are bound now; `i` indexes its count in ARGV.
 -- Returns the ARGV index after its last append.
 local function append_stream(i)
-  local count = tonumber(ARGV[i])
+  local count = count_of(ARGV[i])
   local ok, status
   ok, m, status = pcall(open_stream, now)
   if not ok or status ~= 'ok' then  -- every append of the stream learns of it
@@ -320,6 +341,7 @@ local function append_stream(i)
   if tenant_foreign(m) then return answer_all(i, count, {'foreign'}) end
   local old_tail, was_closed = m.tail, m.closed
   tail_n = tonumber(m.tail)
+  local old_n = tail_n
   changed = false
   clear(appended)
   local fields, states = staged.meta, staged.prod
@@ -329,10 +351,11 @@ local function append_stream(i)
   merged.took, merged.bytes, merged.messages, merged.json = 0, 0, 0, m.ctn == 'application/json'
   lost, stream_wrote = nil, false
   local first_result, charged = #results + 1, tenant_mark()
+  local run  -- the result answering the plain appends just before (PLAIN), if any
   i = i + 1
   for n = 1, count do
     local first = i + 3
-    local last = first + 2 * tonumber(ARGV[i + 2]) - 1
+    local last = first + 2 * count_of(ARGV[i + 2]) - 1
     writing = false
     local result
     ok, result = pcall(append_one, head_of(ARGV[i]), ARGV[i + 1], first, last)
@@ -340,7 +363,17 @@ local function append_stream(i)
       result = {'error', writing and 'partial' or 'none', error_text(result)}
       redis.log(redis.LOG_WARNING, 'append failed: ' .. result[3])
     end
-    results[#results + 1] = result
+    if result == PLAIN and run then
+      run[2], run[5] = m.tail, (run[5] or 1) + 1
+    else
+      if result == PLAIN then
+        result = {'ok', m.tail, '0', m.created}
+        run = m.created and result  -- (answers goes fifth: not without a created before it)
+      else
+        run = nil
+      end
+      results[#results + 1] = result
+    end
     i = last + 1
     if lost then return fail_stream(first_result, i, count - n, charged) end
   end
@@ -352,7 +385,7 @@ local function append_stream(i)
     return fail_stream(first_result, i, 0, charged)
   end
   if not changed then return i end
-  ok, e = pcall(finish_stream, old_tail, was_closed)
+  ok, e = pcall(finish_stream, old_tail, old_n, was_closed)
   if not ok then redis.log(redis.LOG_WARNING, 'after appending: ' .. error_text(e)) end
   return i
 end

@@ -15,7 +15,7 @@ from gateway.protocol.headers import Producer
 from gateway.redis_io import keys
 from gateway.redis_io.lua import source
 from gateway.redis_io.scripts import Scripts
-from gateway.streams.appends import AppendRequest, Appends
+from gateway.streams.appends import AppendRequest, Appends, expand_runs
 
 from .test_live import evalsha_calls, read_sse
 
@@ -318,8 +318,11 @@ async def test_a_stream_whose_write_fails_fails_alone_and_whole(redis) -> None:
     script_keys, args, _ = appends._call(batch, list(range(len(batch))))
     try:
         replies = await Scripts(redis).run("append", script_keys, args)
+        # (fine's three plain appends are one result, a run: expand_runs)
+        assert replies[4] == [b"ok", b"6", b"0", b"1", 3], replies
+        replies = expand_runs(replies, [1, 2, 3, 1, 1, 2, 3])
         assert [r[:2] for r in replies[:4]] == [[b"error", b"none"]] * 4, replies
-        assert [r[:2] for r in replies[4:]] == [[b"ok", b"1"], [b"ok", b"3"], [b"ok", b"6"]], replies
+        assert [r[:2] for r in replies[4:]] == [[b"ok", 1], [b"ok", 3], [b"ok", 6]], replies
         assert await redis.hget(keys.stream_keys(broken)[0], "tail") == b"0"
         assert await redis.xrange(keys.stream_keys(fine)[1]) == [(b"0-1", {b"d": b"abbccc", b"t": ANY_TIME})]
     finally:
@@ -341,10 +344,92 @@ async def test_a_failed_streams_appends_are_not_charged_to_their_tenant(redis) -
     appends = Appends(Scripts(redis), Hints(redis, enabled=False), 8192)
     script_keys, args, _ = appends._call(batch, list(range(len(batch))))
     try:
-        replies = await Scripts(redis).run("append", script_keys, args)
+        replies = expand_runs(await Scripts(redis).run("append", script_keys, args), [4, 2, 4, 2])
         assert [r[0] for r in replies] == [b"error", b"error", b"ok", b"ok"], replies
         assert await redis.hget(keys.tenant(tenant), "u.stored_bytes") == b"6"  # fine's 4 + 2
         assert await redis.hget(keys.tenant_streams(tenant), broken) is None
     finally:
         await redis.delete(*keys.stream_keys(broken)[:4], *keys.stream_keys(fine)[:4])
         await redis.delete(keys.tenant(tenant), keys.tenant_streams(tenant))
+
+
+def test_a_run_of_plain_appends_expands_to_one_result_each() -> None:
+    """append.lua answers a stream's plain appends one after another with one result (a run,
+    its count last): each gets the tail after it less the next one's size, others pass as they are."""
+    replies = [
+        [b"ok", b"10", b"0", b"7", 3],  # sizes 2, 3, 5: tails 2, 5, 10
+        [b"offset_conflict", b"10", b"7"],
+        [b"ok", b"11", b"0", b"7"],  # a plain append alone
+        [b"dup", b"11", b"0", b"0", b"4"],  # five fields, but not a run
+        [b"ok", b"14", b"1", b"7"],
+    ]
+    assert expand_runs(replies, [2, 3, 5, 1, 1, 0, 3]) == [
+        [b"ok", 2, b"0", b"7"],
+        [b"ok", 5, b"0", b"7"],
+        [b"ok", 10, b"0", b"7"],
+        replies[1],
+        replies[2],
+        replies[3],
+        replies[4],
+    ]
+
+
+async def test_a_streams_results_in_one_call_runs_and_all(redis) -> None:
+    """What one call answers a stream's appends, mixed: plain ones in runs, broken by a
+    refusal and by the closing append; every append still gets its own result once expanded."""
+    sid = keys.stream_id(f"runs-{uuid.uuid4().hex[:8]}")
+    await redis.hset(keys.stream_keys(sid)[0], mapping=PLAIN_META)
+
+    def plain(data: bytes, expected_offset: str = "") -> AppendRequest:
+        return AppendRequest(
+            "text/plain", False, "", None, [(len(data), data)], expected_offset=expected_offset
+        )
+
+    requests = [
+        plain(b"a"),
+        plain(b"bb"),
+        plain(b"x", expected_offset="0"),  # refused: the tail is 3 by then
+        plain(b"ccc"),
+        AppendRequest("text/plain", True, "", None, [(1, b"d")]),  # closes
+        plain(b"e"),  # closed
+    ]
+    batch = [(sid, r, r.encoded_args()) for r in requests]
+    appends = Appends(Scripts(redis), Hints(redis, enabled=False), 8192)
+    script_keys, args, _ = appends._call(batch, list(range(len(batch))))
+    try:
+        replies = await Scripts(redis).run("append", script_keys, args)
+        assert [r[0] for r in replies] == [b"ok", b"offset_conflict", b"ok", b"ok", b"closed"], replies
+        assert replies[0][1:] == [b"3", b"0", b"1", 2], replies
+        expanded = expand_runs(replies, [1, 2, 1, 3, 1, 1])
+        assert [(r[0], int(r[1])) for r in expanded] == [
+            (b"ok", 1),
+            (b"ok", 3),
+            (b"offset_conflict", 3),
+            (b"ok", 6),
+            (b"ok", 7),
+            (b"closed", 7),
+        ], expanded
+        assert [r[2] for r in expanded if r[0] == b"ok"] == [b"0", b"0", b"0", b"1"]
+        assert await redis.hget(keys.stream_keys(sid)[0], "tail") == b"7"
+    finally:
+        await redis.delete(*keys.stream_keys(sid)[:4])
+
+
+async def test_a_stream_without_created_answers_each_append_alone(redis) -> None:
+    """A stream whose meta has no 'created' (made before it was kept): its results have no
+    fourth field, so no run's count can go fifth; each plain append is answered alone."""
+    sid = keys.stream_id(f"nocreated-{uuid.uuid4().hex[:8]}")
+    await redis.hset(
+        keys.stream_keys(sid)[0], mapping={k: v for k, v in PLAIN_META.items() if k != "created"}
+    )
+    requests = [AppendRequest("text/plain", False, "", None, [(len(d), d)]) for d in (b"a", b"bb")]
+    batch = [(sid, r, r.encoded_args()) for r in requests]
+    appends = Appends(Scripts(redis), Hints(redis, enabled=False), 8192)
+    script_keys, args, _ = appends._call(batch, list(range(len(batch))))
+    try:
+        assert await Scripts(redis).run("append", script_keys, args) == [
+            [b"ok", b"1", b"0"],
+            [b"ok", b"3", b"0"],
+        ]
+    finally:
+        await redis.delete(*keys.stream_keys(sid)[:4])

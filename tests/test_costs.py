@@ -64,6 +64,19 @@ async def request_bytes(redis: aioredis.Redis) -> int:
     return int((await redis.info("stats"))["total_net_input_bytes"])
 
 
+async def reply_bytes(redis: aioredis.Redis, work) -> int:
+    """The bytes Redis sent while ``work`` ran (its replies: INFO stats' output count, less
+    the one INFO reply that lands inside the window, sized by two readings in a row)."""
+
+    async def sent() -> int:
+        return int((await redis.info("stats"))["total_net_output_bytes"])
+
+    first = await sent()
+    second = await sent()
+    await work()
+    return await sent() - second - (second - first)
+
+
 async def counted(redis: aioredis.Redis, work) -> tuple[int, int]:
     """(script calls, other commands) Redis ran for ``work``."""
     before = await commands(redis)
@@ -178,7 +191,8 @@ async def test_concurrent_appends_share_script_calls(store, scenario: str) -> No
     """64 appends at once, to one stream, to 64, or to one from 64 idempotent producers: they
     go to Redis in a few script calls (the first alone, the rest batched behind it), whatever
     the timing; a stream's state is written once a call, not once an append (one HSET of its
-    meta, one of its producers)."""
+    meta, one of its producers); its plain appends answered by one result (a run), so the
+    bytes Redis sends back per append fall with the batch."""
     st, redis = store
     streams = 64 if scenario == "64" else 1
     sids = [await make(st, f"batch-{scenario}-{i}") for i in range(streams)]
@@ -189,16 +203,27 @@ async def test_concurrent_appends_share_script_calls(store, scenario: str) -> No
     for i in range(64):  # each stream's, each producer's first
         await st.append(sids[i % streams], "text/plain", [(len(BODY), BODY)], **options(i, 0))
 
-    async def work() -> None:
-        await asyncio.gather(
-            *(
-                st.append(sids[i % streams], "text/plain", [(len(BODY), BODY)], **options(i, 1))
-                for i in range(64)
+    def work(seq: int):
+        async def appends() -> None:
+            await asyncio.gather(
+                *(
+                    st.append(sids[i % streams], "text/plain", [(len(BODY), BODY)], **options(i, seq))
+                    for i in range(64)
+                )
             )
-        )
 
-    calls, other = await counted(redis, work)
-    check(f"concurrent_{scenario}", {"script_calls_per_64": calls, "commands_per_append": other / 64})
+        return appends
+
+    calls, other = await counted(redis, work(1))
+    replied = await reply_bytes(redis, work(2))  # (a stream's plain appends: one result, a run)
+    check(
+        f"concurrent_{scenario}",
+        {
+            "script_calls_per_64": calls,
+            "commands_per_append": other / 64,
+            "reply_bytes_per_append": replied / 64,
+        },
+    )
 
 
 # -- syscalls on the append door ---------------------------------------------------------------

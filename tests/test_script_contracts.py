@@ -173,7 +173,7 @@ def parse_shape(whole: str) -> Shape:
         if part.startswith("["):
             optional, part = True, part[1:].strip()
         opens = part.endswith("[")  # ``a[, b]``: the fields after this one may be missing
-        part = part.removesuffix("[").removesuffix("]").strip()
+        part = part.removesuffix("[").rstrip("]").strip()  # (``a[, b[, c]]``: nested)
         match = _FIELD.fullmatch(part)
         if not match:
             raise HeaderError(f"not a field name: {part!r} in {whole!r}")

@@ -155,11 +155,19 @@ class AppendItem(NamedTuple):
     entry_count: int
 
 
-class AppendDone(NamedTuple):  # 'ok' (append.lua, append_part.lua)
+class AppendDone(NamedTuple):  # 'ok' (append_part.lua; append.lua's once its runs are expanded)
+    status: bytes
+    tail: bytes | int  # int: one of a run, expanded (streams/appends.py: expand_runs)
+    closed: bytes
+    created: bytes | None = None  # None: a close-only append to a closed stream
+
+
+class AppendRun(NamedTuple):  # append.lua's 'ok': AppendDone, for a run of plain appends
     status: bytes
     tail: bytes
     closed: bytes
-    created: bytes | None = None  # None: a close-only append to a closed stream
+    created: bytes | None = None
+    answers: int | None = None  # the appends it answers, when more than one (expand_runs)
 
 
 class AppendPending(NamedTuple):
@@ -695,7 +703,7 @@ APPEND = Script(
     tail="streams",
     groups={"streams": Group(AppendStream, "appends"), "appends": Group(AppendItem, "entries")},
     replies={
-        "ok": AppendDone,
+        "ok": AppendRun,
         "pending": AppendPending,
         "busy": AppendBusy,
         "dup": AppendDup,

@@ -17,7 +17,7 @@ import logging
 import time
 import uuid
 import zlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -351,7 +351,7 @@ class Appends:
         results: list[Any] = [None] * len(batch)
         appended, appended_bytes = 0, 0
         for (_, _, order), part_replies in zip(calls, replies, strict=True):
-            by_index = dict(zip(order, _each(part_replies, len(order)), strict=True))
+            by_index = dict(zip(order, _each(part_replies, order, batch), strict=True))
             for i, reply in by_index.items():
                 results[i] = reply
                 sid, item, _ = batch[i]
@@ -478,6 +478,38 @@ async def _waiting_out_busy(send: Callable[[], Awaitable[Any]]) -> Any:
         pause = min(pause * 2, 0.05)
 
 
-def _each(replies: list[Any] | BaseException, count: int) -> list[Any]:
-    """A call's results, or its failure once for each of its ``count`` appends."""
-    return [replies] * count if isinstance(replies, BaseException) else replies
+def _each(replies: list[Any] | BaseException, order: list[int], batch: list[Queued]) -> list[Any]:
+    """A call's results, one for each of the appends ``order`` indexes in ``batch`` (its
+    failure once for each, or its runs expanded)."""
+    if isinstance(replies, BaseException):
+        return [replies] * len(order)
+    if len(replies) == len(order):  # no run (over many streams, the common case)
+        return replies
+    return expand_runs(replies, [positions(batch[i][1].entries) for i in order])
+
+
+def run_length(reply: Sequence[Any]) -> int:
+    """The appends one of append.lua's results answers: a run's (its fifth field), else 1."""
+    return int(reply[4]) if len(reply) == 5 and reply[0] == b"ok" else 1
+
+
+def expand_runs(replies: Sequence[Any], sizes: Sequence[int]) -> list[Any]:
+    """append.lua's results, one per append: a run (one ``{'ok', tail, closed, created,
+    answers}`` for that many plain appends to a stream one after another) becomes one
+    result each, the last taking the run's tail and each one before it the tail after it
+    less the positions of the append after it (``sizes``: each append's positions, in ARGV
+    order). Redis builds, sends and the gateway parses one result for the run, not one
+    for each of its appends."""
+    out: list[Any] = []
+    for reply in replies:
+        count = run_length(reply)
+        if count == 1:
+            out.append(reply)
+            continue
+        first, tail, closed, created = len(out), int(reply[1]), reply[2], reply[3]
+        members: list[Any] = [None] * count
+        for k in range(count - 1, -1, -1):
+            members[k] = [b"ok", tail, closed, created]
+            tail -= sizes[first + k]
+        out += members
+    return out
