@@ -307,20 +307,17 @@ local function answer_all(i, count, result) return answer_each(i + 1, count, res
 
 -- A write of the stream's failed (`lost`): its state as its appends in this call left it is
 -- not stored, so every one of them fails, whatever it was answered (a refusal or a producer's
--- duplicate was decided against that state too): 'none' when nothing of the stream's went in,
--- else 'partial' (not seen in practice: Redis refuses a script's writes only at its first),
--- and so do the `remaining` ones from ARGV index `i`; what they were charged to their tenant
--- (`charged`, tenant_mark) is taken back. Returns the index after them.
-local function fail_stream(first_result, i, remaining, charged)
+-- duplicate was decided against that state too): the `done` ones answered so far (their
+-- results from results[first_result] on: a run answers several with one) and the `remaining`
+-- ones from ARGV index `i`, each with 'none' when nothing of the stream's went in, else
+-- 'partial' (not seen in practice: Redis refuses a script's writes only at its first); what
+-- they were charged to their tenant (`charged`, tenant_mark) is taken back. Returns the index
+-- after them.
+local function fail_stream(first_result, done, i, remaining, charged)
   local failure = {'error', stream_wrote and 'partial' or 'none', lost}
   redis.log(redis.LOG_WARNING, 'append failed: ' .. lost)
-  local answered = 0  -- the appends its results so far answer (a run answers several)
-  for k = #results, first_result, -1 do
-    local result = results[k]
-    answered = answered + (result[1] == 'ok' and result[5] or 1)
-    results[k] = nil
-  end
-  for _ = 1, answered do results[#results + 1] = failure end
+  for k = #results, first_result, -1 do results[k] = nil end
+  for _ = 1, done do results[#results + 1] = failure end
   tenant_undo(charged)
   return answer_each(i, remaining, failure)
 end
@@ -375,14 +372,14 @@ local function append_stream(i)
       results[#results + 1] = result
     end
     i = last + 1
-    if lost then return fail_stream(first_result, i, count - n, charged) end
+    if lost then return fail_stream(first_result, n, i, count - n, charged) end
   end
   local e
   ok, e = pcall(flush)
   if ok then ok, e = pcall(save_staged, staged) end  -- (fails only with a corrupt producers key)
   if not ok then
     lost = lost or error_text(e)
-    return fail_stream(first_result, i, 0, charged)
+    return fail_stream(first_result, count, i, 0, charged)
   end
   if not changed then return i end
   ok, e = pcall(finish_stream, old_tail, old_n, was_closed)
