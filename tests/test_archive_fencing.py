@@ -33,7 +33,10 @@ from gateway.archive.schema import Row, to_table
 from gateway.archive.segments import Segment, file_name
 from gateway.protocol import offsets
 from gateway.redis_io import keys
+from gateway.redis_io.scripts import Scripts
+from workers.archive_lease import Leases
 from workers.archiver import Archiver, Lease
+from workers.health import Heartbeat
 
 from .conftest import ready_worker, start_gateway
 from .test_archive import HOT0, check_once, create, segments_of, sid_of, transcript
@@ -471,3 +474,41 @@ async def test_archives_no_index_names_are_found_once_after_an_upgrade(http, gat
     assert await fresh.reconcile(force=True)
     assert not (Path(archive_dir) / segment.file).exists()
     assert not await redis.exists(segs)
+
+
+async def test_a_round_ends_its_lease_renewals_though_redis_py_lost_the_cancellation(
+    redis, monkeypatch
+) -> None:
+    """A round ends while its lease's renewal waits on Redis, redis-py answering with the
+    cancellation lost: the renewals still end, promptly (they renewed for ever, and the
+    round, its worker and a test of a SIGKILLed run waited on them)."""
+    leases = Leases(redis, Scripts(redis), "w", 0.3, Heartbeat())
+    sid = keys.stream_id(f"lease-{uuid.uuid4().hex[:8]}")
+    renewing = asyncio.Event()
+    call = leases.call
+
+    async def swallowing(script: str, lease: Lease, *args: Any) -> Any:
+        if args == (0,):  # the release, after the renewals
+            return await call(script, lease, *args)
+        renewing.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            pass  # (as redis-py does: the reply read, the cancellation lost)
+        return await call(script, lease, *args)
+
+    monkeypatch.setattr(leases, "call", swallowing)
+
+    async def round_() -> None:
+        async with leases.held(sid) as lease:
+            assert lease is not None
+            await asyncio.wait_for(renewing.wait(), 5)
+
+    rounding = asyncio.create_task(round_())
+    try:
+        done, _ = await asyncio.wait({rounding}, timeout=5)
+        assert done, "the round did not end: its lease's renewals go on"
+        await rounding
+    finally:
+        rounding.cancel()
+    assert await redis.get(keys.lease(sid)) is None  # released

@@ -136,6 +136,9 @@ class Leases:
                 raise_if_cancelled()  # stopping, the CancelledError lost in a library
                 log.warning("renewing the lease of %s failed: %s", keys.path_of(lease.sid), error)
                 continue
+            # redis-py may also answer with the cancellation lost (a round ending while the
+            # renewal waited on Redis): the loop would renew for ever, the round wait on it.
+            raise_if_cancelled()
             if status_of(result) != "ok":
                 lease.lost = True
                 return
